@@ -1,0 +1,115 @@
+"""Every error ckptxform raises, in one place.
+
+Each error is a ``CkptxformError`` and also the builtin a caller would expect
+(``FileNotFoundError``, ``ValueError``, ...), carries the fields a script can act on
+(``path``, ``line``, ``source``, ``key``), and has a message that quotes the bad value
+and ends with the fix. The CLI maps them to exit codes through ``exit_code``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class CkptxformError(Exception):
+    """Base of all ckptxform errors. ``str(err)`` is the one-line message for users."""
+
+    exit_code = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        col: int | None = None,
+        source: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.line = line
+        self.col = col
+        self.source = source
+        self.key = key
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(CkptxformError, ValueError):
+    """The command line or an API call is malformed."""
+
+    exit_code = 2
+
+
+class RuleError(CkptxformError, ValueError):
+    """A rule file is invalid. ``problems`` holds every ``FILE:LINE:COL: ...`` message."""
+
+    exit_code = 2
+
+    def __init__(self, problems: Iterable[str], *, path: str | None = None) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems), path=path)
+
+
+class CheckpointFormatError(CkptxformError, ValueError):
+    """A checkpoint file is malformed or hostile (bad header, offsets, pickled code...)."""
+
+
+class SourceNotFoundError(CkptxformError, FileNotFoundError):
+    """A source location, file or tensor does not exist."""
+
+
+class VocabMapError(CkptxformError, ValueError):
+    """A vocabulary map (d2t/t2d) is inconsistent or declared with the wrong encoding."""
+
+
+class PlanError(CkptxformError, ValueError):
+    """The rules cannot be applied to these sources (unmatched tensor, shape mismatch...)."""
+
+
+class RequirementError(PlanError):
+    """A ``require`` assertion of the rule file does not hold."""
+
+
+class OutputError(CkptxformError, OSError):
+    """The output cannot be written (exists, locked, disk full...)."""
+
+
+class VerifyError(CkptxformError, ValueError):
+    """A written output does not match its audit log."""
+
+
+class HubError(CkptxformError, ConnectionError):
+    """A Hub source failed; subclasses say how."""
+
+
+class RepoNotFoundError(HubError):
+    """The repository does not exist or is private without a token."""
+
+
+class GatedRepoError(HubError):
+    """The repository is gated and the token has no access."""
+
+
+class RevisionNotFoundError(HubError):
+    """The branch, tag or commit does not exist in the repository."""
+
+
+class EntryNotFoundError(HubError, FileNotFoundError):
+    """A file does not exist at the resolved revision."""
+
+
+class OfflineCacheMissError(HubError, FileNotFoundError):
+    """``HF_HUB_OFFLINE=1`` and a needed file is not in the cache."""
+
+
+def quote_keys(keys: Iterable[str], limit: int = 8) -> str:
+    """Sorted, quoted, and cut with a count: ``'a', 'b' and 3 more``."""
+    ordered = sorted(set(keys))
+    shown = ", ".join(repr(k) for k in ordered[:limit])
+    if len(ordered) > limit:
+        shown += f" and {len(ordered) - limit} more"
+    return shown or "(none)"

@@ -1,0 +1,188 @@
+"""The rule language as typed, frozen Python objects. Every node knows where it was written."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .yaml_source import Where
+
+Encoding = Literal["offset", "absolute"]
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A named checkpoint: a Hub repo (``repo``, ``revision``) or a local ``path``."""
+
+    name: str
+    where: Where
+    repo: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    fetch: Literal["auto", "ranges", "download"] = "auto"
+    #: a location given with ``--source NAME=LOC`` (relative to the working directory)
+    override: str | None = None
+
+    @property
+    def location(self) -> str:
+        if self.override is not None:
+            return self.override
+        if self.repo is not None:
+            return f"hf://{self.repo}" + (f"@{self.revision}" if self.revision else "")
+        assert self.path is not None
+        return self.path
+
+
+@dataclass(frozen=True)
+class VocabSpec:
+    """A named vocabulary map: from a source's d2t/t2d, a file, or the rows of a full-vocab tensor."""
+
+    name: str
+    where: Where
+    source: str | None = None
+    d2t: str = "d2t"
+    t2d: str | None = "t2d"
+    file: str | None = None
+    encoding: Encoding | None = None
+    vocab_size: int | None = None
+    identity_rows_of: str | None = None
+
+
+@dataclass(frozen=True)
+class MissingRows:
+    """Where the rows of target tokens absent from the source vocabulary come from."""
+
+    where: Where
+    init: Literal["rows_of", "zeros", "mean", "normal"]
+    rows_of: str | None = None
+    tensor: str | None = None
+    std: float = 0.02
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PermuteRows:
+    from_vocab: str
+    to_vocab: str
+    where: Where
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    """One entry of ``tensors``: a key pattern and what happens to the tensors it matches."""
+
+    index: int
+    where: Where
+    match: str
+    pattern: re.Pattern[str]
+    rename: str | None = None
+    skip: str | None = None
+    permute_rows: PermuteRows | None = None
+    missing_rows: MissingRows | None = None
+    cast: str | None = None
+    optional: bool = False
+
+    @property
+    def label(self) -> str:
+        """How messages name this rule: ``tensors[2] (rules.yaml:14)``."""
+        return f"tensors[{self.index}] ({self.where.short})"
+
+    def output_key(self, key: str) -> str | None:
+        """The output key for a matching source ``key`` (None when skipped or not matched)."""
+        m = self.pattern.fullmatch(key)
+        if m is None or self.skip is not None:
+            return None
+        return m.expand(self.rename) if self.rename is not None else key
+
+
+@dataclass(frozen=True)
+class AddEntry:
+    """An output tensor no tensor of the converted source maps to."""
+
+    key: str
+    where: Where
+    vocab: str | None = None
+    field: Literal["d2t", "t2d"] | None = None
+    encoding: Encoding = "offset"
+    source: str | None = None
+    tensor: str | None = None
+    cast: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadedPattern:
+    pattern: re.Pattern[str]
+    where: Where
+
+
+@dataclass(frozen=True)
+class MinRows:
+    key: str
+    fraction: float
+    where: Where
+
+
+@dataclass(frozen=True)
+class Require:
+    loaded: tuple[LoadedPattern, ...] = ()
+    min_rows_from_source: tuple[MinRows, ...] = ()
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """How the output ``config.json`` is built."""
+
+    where: Where
+    from_source: str | None = None
+    keep: tuple[str, ...] | None = None
+    rename: tuple[tuple[str, str], ...] = ()
+    delete: tuple[str, ...] = ()
+    set: tuple[tuple[str, Any, Where], ...] = ()
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    max_shard_size: int | None = None
+    dtype: str | None = None
+    file_name: str = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """A validated rule file (with everything it ``extends`` folded in)."""
+
+    path: str
+    name: str
+    description: str
+    sources: dict[str, SourceSpec]
+    convert: str | None
+    vocab: dict[str, VocabSpec]
+    tensors: tuple[TensorRule, ...]
+    add: dict[str, AddEntry]
+    require: Require
+    config: ConfigSpec | None
+    output: OutputSpec
+    #: sha256 over the bytes of this file and every file it extends, in order
+    sha256: str = ""
+    files: tuple[str, ...] = field(default=())
+
+    def with_sources(self, overrides: dict[str, str]) -> RuleSet:
+        """A copy whose named sources point at other locations (``--source NAME=LOC``)."""
+        from dataclasses import replace
+
+        from ..errors import UsageError
+
+        unknown = sorted(set(overrides) - set(self.sources))
+        if unknown:
+            defined = ", ".join(sorted(self.sources)) or "none"
+            raise UsageError(
+                f"--source {unknown[0]}=...: the rule file {self.path} has no source {unknown[0]!r} "
+                f"(defined: {defined})"
+            )
+        sources = dict(self.sources)
+        for name, location in overrides.items():
+            old = sources[name]
+            sources[name] = replace(old, override=location)
+        return replace(self, sources=sources)

@@ -1,0 +1,164 @@
+"""Safe YAML reading that remembers where every node came from.
+
+PyYAML's ``safe_load`` forgets positions, silently keeps the last of two duplicate keys
+and expands aliases without bound. We compose the node tree ourselves, build plain
+data from it with a node budget, refuse anything but the JSON-compatible core tags, and
+record the position of every value and every mapping key by its path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import RuleError
+
+MAX_FILE_BYTES = 1 << 20  # a rule file is a page of text; 1 MiB is generous
+MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
+
+_SCALAR_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+}
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Where:
+    """A position in a rule file, 1-based like editors show it."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+    @property
+    def short(self) -> str:
+        """``FILE:LINE``, the form used in the audit log."""
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class YamlDocument:
+    """The data of a rule file plus where each value (and each mapping key) stands."""
+
+    file: str
+    data: Any
+    values: dict[Path_, Where]
+    keys: dict[Path_, Where]
+
+    def where(self, path: Path_, *, key: bool = False) -> Where:
+        """Position of the value at ``path`` (or of its key), falling back to the parent."""
+        table = self.keys if key else self.values
+        probe = tuple(path)
+        while probe:
+            if probe in table:
+                return table[probe]
+            if probe in self.values:
+                return self.values[probe]
+            probe = probe[:-1]
+        return self.values.get((), Where(self.file, 1, 1))
+
+
+def _where(file: str, node: yaml.Node) -> Where:
+    return Where(file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+def read_yaml(path: Path, label: str) -> YamlDocument:
+    """Read ``path`` as a rule document; every problem is a ``RuleError`` at a position."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RuleError([f"{label}: file not found; check the path"], path=label) from None
+    except OSError as err:
+        raise RuleError([f"{label}: cannot read: {err.strerror}"], path=label) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise RuleError(
+            [f"{label}: {len(raw):,} bytes is too large for a rule file (limit {MAX_FILE_BYTES:,})"],
+            path=label,
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        col = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise RuleError(
+            [f"{label}:{line}:{col}: not UTF-8 (byte 0x{raw[err.start]:02x}); save the file as UTF-8"],
+            path=label,
+        ) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark else label
+        raise RuleError([f"{where}: invalid YAML: {err.problem or err.context}"], path=label) from None
+    except yaml.YAMLError as err:
+        raise RuleError([f"{label}: invalid YAML: {err}"], path=label) from None
+    if node is None:
+        raise RuleError([f"{label}:1:1: the file is empty; a rule file starts with 'version: 1'"], path=label)
+    builder = _Builder(label)
+    data = builder.build(node, ())
+    if builder.problems:
+        raise RuleError(builder.problems, path=label)
+    return YamlDocument(label, data, builder.values, builder.keys)
+
+
+class _Builder:
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.values: dict[Path_, Where] = {}
+        self.keys: dict[Path_, Where] = {}
+        self.problems: list[str] = []
+        self.nodes = 0
+        self._constructor = yaml.constructor.SafeConstructor()
+
+    def build(self, node: yaml.Node, path: Path_) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise RuleError(
+                [f"{_where(self.file, node)}: more than {MAX_NODES:,} YAML nodes (an alias bomb?); "
+                 "write the rules out without nested aliases"],
+                path=self.file,
+            )
+        self.values[path] = _where(self.file, node)
+        if isinstance(node, yaml.MappingNode) and node.tag == _MAP_TAG:
+            return self._mapping(node, path)
+        if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG:
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        if isinstance(node, yaml.ScalarNode) and node.tag in _SCALAR_TAGS:
+            return self._constructor.construct_object(node)
+        self.problems.append(
+            f"{_where(self.file, node)}: YAML tag {node.tag!r} is not allowed in a rule file; "
+            "use plain strings, numbers, booleans, lists and mappings"
+        )
+        return None
+
+    def _mapping(self, node: yaml.MappingNode, path: Path_) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            where = _where(self.file, key_node)
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                self.problems.append(f"{where}: YAML merge keys ('<<') are not supported; use 'extends'")
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                self.problems.append(f"{where}: mapping keys must be strings, got {key_node.tag!r}")
+                continue
+            key = key_node.value
+            if key in out:
+                first = self.keys[path + (key,)]
+                self.problems.append(f"{where}: duplicate key {key!r} (first at line {first.line})")
+                continue
+            self.keys[path + (key,)] = where
+            out[key] = self.build(value_node, path + (key,))
+        return out

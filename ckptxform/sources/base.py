@@ -1,0 +1,94 @@
+"""What every source looks like to the planner and the executor.
+
+A ``Checkpoint`` is an index built from headers only (key -> dtype, shape, file, byte
+range) plus the means to read byte ranges of one tensor. Local files, ``pytorch_model.bin``
+and Hub repos all implement it, so the planner never knows where bytes come from.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its header describes it. ``offset`` is the absolute position of the
+    tensor's first data byte in ``file`` (a name relative to the checkpoint root)."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    file: str
+    offset: int
+    nbytes: int
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one row (one index of the first dimension)."""
+        if not self.shape or self.shape[0] == 0:
+            return self.nbytes
+        return self.nbytes // self.shape[0]
+
+
+class Checkpoint(ABC):
+    """A checkpoint whose headers have been read. Subclasses read bytes on demand."""
+
+    #: what the user wrote (path, ``ORG/NAME@REV``...)
+    location: str
+    #: ``tensors`` ordered by file, then offset
+    tensors: Mapping[str, TensorInfo]
+    #: every weight file of the checkpoint (relative names), whether or not it is read
+    files: tuple[str, ...]
+    #: the revision asked for and the commit it resolved to (Hub sources only)
+    revision: str | None = None
+    commit: str | None = None
+
+    @abstractmethod
+    def config(self) -> dict[str, Any] | None:
+        """The checkpoint's ``config.json``, or None when it has none."""
+
+    @abstractmethod
+    def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
+        """``length`` bytes of tensor ``info`` from ``start`` (relative to its first byte)."""
+
+    def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
+        """The bytes of each requested row. Runs of adjacent rows are read at once;
+        remote sources override this to batch range requests."""
+        out: dict[int, bytes] = {}
+        width = info.row_nbytes
+        for first, count in row_runs(rows):
+            blob = self.read(info, first * width, count * width)
+            for i in range(count):
+                out[first + i] = blob[i * width : (i + 1) * width]
+        return out
+
+    def local_path(self, file: str) -> Path | None:
+        """A local path holding ``file``'s exact bytes (for streaming copies), or None."""
+        return None
+
+    def prefetch(self, files: Iterable[str]) -> None:
+        """Make ``files`` available for reading (Hub sources download them)."""
+
+    def close(self) -> None:
+        """Release open files and connections."""
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def row_runs(rows: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted unique ``rows`` as ``(first, count)`` runs of adjacent indices."""
+    runs: list[tuple[int, int]] = []
+    for row in sorted(set(rows)):
+        if runs and runs[-1][0] + runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((row, 1))
+    return runs
