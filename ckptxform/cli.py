@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import CkptxformError, UsageError
+from .errors import CkptxformError, RuleError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,7 +38,10 @@ def _reports_errors(func: F) -> F:
         except CkptxformError as err:
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise
-            click.echo(f"error: {err}" if "\n" not in str(err) else str(err), err=True)
+            # Rule-file problems already start with FILE:LINE:COL; others get a prefix.
+            prefix = "" if isinstance(err, RuleError) else "error: "
+            for line in str(err).splitlines():
+                click.echo(f"{prefix}{line}", err=True)
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -77,7 +80,6 @@ def main(quiet: bool, verbose: bool) -> None:
 @_reports_errors
 def validate(rules: tuple[str, ...]) -> None:
     """Check rule files against the rule language; exit 2 with FILE:LINE:COL messages if invalid."""
-    from .errors import RuleError
     from .rules.loader import load_rules
 
     problems: list[str] = []
@@ -92,5 +94,50 @@ def validate(rules: tuple[str, ...]) -> None:
         raise RuleError(problems)
 
 
-def _emit_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+_source_option = click.option(
+    "--source", "sources", multiple=True, metavar="NAME=LOC",
+    help="Replace the location of source NAME (a local path or ORG/NAME[@REV]).")
+
+
+@main.command()
+@click.argument("rules")
+@_source_option
+@click.option("--json", "as_json", is_flag=True, help="Print the plan's records as JSON.")
+@_reports_errors
+def plan(rules: str, sources: tuple[str, ...], as_json: bool) -> None:
+    """Show what apply would do, from headers only: every tensor, the vocab statistics."""
+    from . import api, report
+
+    the_plan = api.plan(rules, sources=_parse_overrides(sources))
+    try:
+        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json else report.plan_text(the_plan))
+    finally:
+        the_plan.close()
+
+
+@main.command()
+@click.argument("rules")
+@_source_option
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_reports_errors
+def apply(rules: str, sources: tuple[str, ...], out: str, force: bool, as_json: bool) -> None:
+    """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
+    from . import api, report
+
+    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force)
+    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result))
+
+
+@main.command()
+@click.argument("location")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_reports_errors
+def inspect(location: str, as_json: bool) -> None:
+    """List a checkpoint's tensors, shapes, dtypes, files and total bytes (headers only)."""
+    from . import report
+    from .sources.resolve import open_location
+
+    with open_location(location) as ckpt:
+        click.echo(json.dumps(report.inspect_json(ckpt), indent=2) if as_json else report.inspect_text(ckpt))

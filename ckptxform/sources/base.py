@@ -66,6 +66,10 @@ class Checkpoint(ABC):
                 out[first + i] = blob[i * width : (i + 1) * width]
         return out
 
+    def tensors_of_file(self, file: str) -> list[TensorInfo]:
+        """Every tensor stored in ``file`` (its header is read if it was not yet)."""
+        return [info for info in self.tensors.values() if info.file == file]
+
     def local_path(self, file: str) -> Path | None:
         """A local path holding ``file``'s exact bytes (for streaming copies), or None."""
         return None

@@ -1,0 +1,67 @@
+"""The Python API: ``plan`` and ``apply`` (what the CLI calls)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from loguru import logger
+
+from .engine.execute import ApplyResult, execute
+from .engine.planner import Plan, build_plan, needed_sources
+from .rules.loader import load_rules
+from .rules.model import RuleSet
+from .sources.base import Checkpoint
+from .sources.resolve import open_source
+
+
+def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None) -> Plan:
+    """Plan a conversion from headers, the rule file and the vocab maps; no weight is read.
+
+    >>> p = plan("rules/aqmedai_k2_to_k25.yaml", sources={"drafter": "stand-ins/k2"})  # doctest: +SKIP
+    >>> p.alignments["k2->k25"].summary()                                             # doctest: +SKIP
+    '...positions agree; ... tokens shared; ...'
+
+    The returned Plan keeps its sources open; call ``close()`` when done (``apply`` does).
+    """
+    ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)
+    if sources:
+        ruleset = ruleset.with_sources(dict(sources))
+    opened: dict[str, Checkpoint] = {}
+    try:
+        for name in needed_sources(ruleset):
+            opened[name] = open_source(ruleset.sources[name])
+        unused = [n for n in ruleset.sources if n not in opened]
+        for name in unused:
+            logger.warning("source {!r} is declared but no rule reads it; it was not opened", name)
+        return build_plan(ruleset, opened)
+    except BaseException:
+        for ckpt in opened.values():
+            ckpt.close()
+        raise
+
+
+def apply(
+    rules: str | os.PathLike[str] | RuleSet,
+    *,
+    out: str | os.PathLike[str],
+    sources: Mapping[str, str] | None = None,
+    force: bool = False,
+    progress: bool | None = None,
+) -> ApplyResult:
+    """Plan, then write the converted checkpoint and its audit log to ``out``.
+
+    Every assertion is checked before any weight byte is read; the output directory
+    appears whole or not at all; an existing ``out`` is replaced only with ``force``.
+
+    >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
+    ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
+    >>> result.audit_path                                                               # doctest: +SKIP
+    PosixPath('k25-drafter/ckptxform_audit.jsonl')
+    """
+    the_plan = plan(rules, sources=sources)
+    try:
+        return execute(the_plan, Path(out), force=force, progress=progress)
+    finally:
+        the_plan.close()

@@ -1,0 +1,255 @@
+"""execute(Plan) -> OUT: stream every output tensor's bytes into place, shard by shard.
+
+Copies move bytes through a bounded buffer; row gathers read only the rows they need, a
+bounded block of rows at a time; only casts and numeric fills decode values (and import
+torch). The output appears whole (renamed from a temporary sibling) or not at all.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..dtypes import DTYPE_SIZES
+from ..errors import PlanError
+from .audit import AUDIT_FILE, AuditLog, run_event, started_now
+from .planner import Plan
+from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
+from .writer import OutputDir, OutputTensorSpec, ShardWriter, plan_layout
+
+#: bytes moved per read/write; bounds memory per tensor being copied or gathered
+CHUNK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class WrittenTensor:
+    key: str
+    file: str
+    shape: tuple[int, ...]
+    dtype: str
+    sha256: str
+    origin: dict[str, Any]
+
+    def to_event(self) -> dict[str, Any]:
+        return {"event": "written", "key": self.key, "file": self.file, "shape": list(self.shape),
+                "dtype": self.dtype, "sha256": self.sha256, "from": self.origin}
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What ``apply`` wrote."""
+
+    out: Path
+    plan: Plan
+    written: tuple[WrittenTensor, ...]
+    audit_path: Path
+    bytes_written: int
+    stale_removed: tuple[Path, ...] = ()
+
+
+Producer = Callable[[OutputPlan, Plan], Iterator[bytes | bytearray | memoryview]]
+
+
+def _copy(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryview]:
+    recipe = out.recipe
+    assert isinstance(recipe, CopyTensor)
+    ckpt = plan.checkpoints[recipe.source]
+    info = ckpt.tensors[recipe.key]
+    for start in range(0, info.nbytes, CHUNK_BYTES):
+        yield ckpt.read(info, start, min(CHUNK_BYTES, info.nbytes - start))
+
+
+def _gather(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryview]:
+    recipe = out.recipe
+    assert isinstance(recipe, GatherRows)
+    ckpt = plan.checkpoints[recipe.source]
+    info = ckpt.tensors[recipe.key]
+    width = info.row_nbytes
+    fill = _Filler(recipe, plan, info.dtype, info.shape[1:], width)
+    block = max(1, CHUNK_BYTES // max(1, width))
+    for first in range(0, len(recipe.rows), block):
+        rows = recipe.rows[first:first + block]
+        targets = recipe.targets[first:first + block]
+        present = ckpt.read_rows(info, [r for r in rows if r >= 0])
+        missing = fill.rows([t for r, t in zip(rows, targets) if r < 0])
+        buf = bytearray(len(rows) * width)
+        for j, (row, target) in enumerate(zip(rows, targets)):
+            buf[j * width:(j + 1) * width] = present[row] if row >= 0 else missing[target]
+        yield buf
+
+
+class _Filler:
+    """Rows for target tokens the source vocabulary lacks, per ``missing_rows``."""
+
+    def __init__(self, recipe: GatherRows, plan: Plan, dtype: str, row_shape: tuple[int, ...], width: int):
+        self.recipe, self.plan, self.dtype, self.row_shape, self.width = recipe, plan, dtype, row_shape, width
+        self._generator: Any = None
+        self._mean: bytes | None = None
+
+    def rows(self, targets: list[int]) -> dict[int, bytes]:
+        if not targets:
+            return {}
+        spec = self.recipe.fill
+        if spec is None:
+            raise PlanError(f"{self.recipe.key!r}: rows are missing and no missing_rows was given")
+        if spec.init == "rows_of":
+            assert spec.rows_of is not None and spec.tensor is not None
+            ckpt = self.plan.checkpoints[spec.rows_of]
+            info = ckpt.tensors[spec.tensor]
+            got = ckpt.read_rows(info, targets)
+            if info.dtype != self.dtype:
+                return {t: _cast_bytes(b, info.dtype, self.dtype) for t, b in got.items()}
+            return got
+        if spec.init == "zeros":
+            zero = bytes(self.width)
+            return {t: zero for t in targets}
+        if spec.init == "mean":
+            if self._mean is None:
+                self._mean = self._mean_row()
+            return {t: self._mean for t in targets}
+        return self._normal(targets, spec.std, spec.seed)
+
+    def _mean_row(self) -> bytes:
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        ckpt = self.plan.checkpoints[self.recipe.source]
+        info = ckpt.tensors[self.recipe.key]
+        present = sorted({r for r in self.recipe.rows if r >= 0})
+        total = torch.zeros(self.row_shape, dtype=torch.float64)
+        block = max(1, CHUNK_BYTES // max(1, self.width))
+        for i in range(0, len(present), block):
+            chunk = ckpt.read_rows(info, present[i:i + block])
+            for raw in chunk.values():
+                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(self.row_shape)
+        mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
+        return _tensor_bytes(mean)
+
+    def _normal(self, targets: list[int], std: float, seed: int) -> dict[int, bytes]:
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(seed)
+        values = torch.randn((len(targets), *self.row_shape), generator=self._generator, dtype=torch.float32) * std
+        raw = _tensor_bytes(values.to(torch_dtype(self.dtype)))
+        return {t: raw[i * self.width:(i + 1) * self.width] for i, t in enumerate(targets)}
+
+
+def _vocab_field(out: OutputPlan, plan: Plan) -> Iterator[bytes]:
+    recipe = out.recipe
+    assert isinstance(recipe, VocabField)
+    vmap = plan.vocab_maps[recipe.vocab]
+    yield vmap.d2t_bytes(recipe.encoding) if recipe.field == "d2t" else vmap.t2d_bytes()
+
+
+#: how each recipe's bytes are made; a new verb adds its recipe type and one function here
+PRODUCERS: dict[type, Producer] = {CopyTensor: _copy, GatherRows: _gather, VocabField: _vocab_field}
+
+
+def _tensor_bytes(tensor: Any) -> bytes:
+    """The raw bytes of a CPU tensor (without numpy, which torch does not require)."""
+    import ctypes
+
+    tensor = tensor.contiguous()
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def _cast_bytes(raw: bytes | bytearray | memoryview, src: str, dst: str) -> bytes:
+    """Elementwise dtype conversion of raw little-endian tensor bytes (imports torch)."""
+    import torch
+
+    from ..dtypes import torch_dtype
+
+    values = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src))
+    return _tensor_bytes(values.to(torch_dtype(dst)))
+
+
+def _cast_stream(chunks: Iterator[bytes | bytearray | memoryview], src: str,
+                 dst: str) -> Iterator[bytes | bytearray | memoryview]:
+    size = DTYPE_SIZES[src]
+    for chunk in chunks:
+        assert len(chunk) % size == 0
+        yield _cast_bytes(chunk, src, dst)
+
+
+def _execution_order(plan: Plan) -> list[OutputPlan]:
+    """Copies in source-file order (sequential reads), then everything else."""
+    def key(o: OutputPlan) -> tuple[int, str, str, int, str]:
+        r = o.recipe
+        if isinstance(r, CopyTensor):
+            info = plan.checkpoints[r.source].tensors[r.key]
+            return (0, r.source, info.file, info.offset, o.key)
+        return (1, "", "", 0, o.key)
+    return sorted(plan.outputs, key=key)
+
+
+def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None) -> ApplyResult:
+    """Write the planned output to ``out`` with its audit log; see ``ckptxform.apply``."""
+    started = started_now()
+    layout = plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
+                         max_shard_size=plan.rules.output.max_shard_size,
+                         file_name=plan.rules.output.file_name)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    written: list[WrittenTensor] = []
+    with OutputDir(out, force=force) as odir:
+        audit = AuditLog(odir.tmp_path / AUDIT_FILE)
+        try:
+            audit.event(run_event(plan, started))
+            for record in plan.records:
+                audit.event(record.to_event())
+            _prefetch(plan)
+            bar = _progress_bar(layout.total_bytes, progress)
+            with ShardWriter(odir, layout) as writer:
+                for o in _execution_order(plan):
+                    chunks = PRODUCERS[type(o.recipe)](o, plan)
+                    if o.dtype != o.input_dtype:
+                        chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
+                    for chunk in chunks:
+                        writer.write(o.key, chunk)
+                        if bar is not None:
+                            bar.update(len(chunk))
+                    sha = writer.finish_tensor(o.key)
+                    item = WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin())
+                    written.append(item)
+                if plan.config is not None:
+                    writer.write_json("config.json", plan.config)
+                bytes_written = writer.bytes_written
+            if bar is not None:
+                bar.close()
+            for item in sorted(written, key=lambda w: w.key):
+                audit.event(item.to_event())
+            audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(),
+                         "written": len(written), "bytes_written": bytes_written,
+                         "files": [s.file for s in layout.shards], "warnings": list(plan.warnings)})
+        finally:
+            audit.close()
+        final = odir.commit()
+    return ApplyResult(out=final, plan=plan, written=tuple(sorted(written, key=lambda w: w.key)),
+                       audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
+                       stale_removed=odir.stale_removed)
+
+
+def _prefetch(plan: Plan) -> None:
+    """Tell each source which files will be copied whole (Hub sources download them)."""
+    files: dict[str, set[str]] = {}
+    for o in plan.outputs:
+        if isinstance(o.recipe, CopyTensor):
+            info = plan.checkpoints[o.recipe.source].tensors[o.recipe.key]
+            files.setdefault(o.recipe.source, set()).add(info.file)
+    for name, needed in files.items():
+        plan.checkpoints[name].prefetch(sorted(needed))
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=sys.stderr)

@@ -1,0 +1,364 @@
+"""plan(RuleSet, sources) -> Plan, from headers, the rule file and the vocab maps only.
+
+Every assertion is decided here, so a failing ``apply`` fails before any weight byte is
+read and before any output exists. The only tensor bytes read are the small d2t/t2d.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dtypes import USER_DTYPES
+from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_keys
+from ..rules.loader import regex_literal
+from ..rules.model import AddEntry, RuleSet, TensorRule
+from ..sources.base import Checkpoint, TensorInfo
+from ..vocab import Alignment, VocabMap, load_vocab_file, vocab_map_from_bytes
+from .config_builder import build_config
+from .recipes import CopyTensor, GatherRows, OutputPlan, SourceRecord, TensorRecord, VocabField
+
+_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass
+class Plan:
+    """The whole conversion, decided: one entry per output tensor, one record per source
+    tensor of every file opened, the vocab statistics and the output config.
+
+    The open checkpoints stay attached so that ``apply`` can read without reopening;
+    ``close()`` releases them."""
+
+    rules: RuleSet
+    outputs: tuple[OutputPlan, ...]
+    records: tuple[TensorRecord, ...]
+    alignments: dict[str, Alignment]
+    vocab_maps: dict[str, VocabMap]
+    config: dict[str, Any] | None
+    sources: dict[str, SourceRecord]
+    warnings: tuple[str, ...]
+    checkpoints: dict[str, Checkpoint] = field(repr=False, default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.nbytes for o in self.outputs)
+
+    def counts(self) -> dict[str, int]:
+        """How many source tensors took each action."""
+        out: dict[str, int] = {}
+        for record in self.records:
+            out[record.action] = out.get(record.action, 0) + 1
+        return out
+
+    def close(self) -> None:
+        for ckpt in self.checkpoints.values():
+            ckpt.close()
+
+
+def build_plan(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> Plan:
+    """Decide the conversion of ``rules`` over opened ``checkpoints`` (name -> Checkpoint)."""
+    return _Planner(rules, dict(checkpoints)).run()
+
+
+def needed_sources(rules: RuleSet) -> list[str]:
+    """The sources the rules read from, in the order they are declared."""
+    names = set()
+    if rules.convert:
+        names.add(rules.convert)
+    for spec in rules.vocab.values():
+        if spec.source:
+            names.add(spec.source)
+    for rule in rules.tensors:
+        if rule.missing_rows and rule.missing_rows.rows_of:
+            names.add(rule.missing_rows.rows_of)
+    for entry in rules.add.values():
+        if entry.source:
+            names.add(entry.source)
+    if rules.config and rules.config.from_source:
+        names.add(rules.config.from_source)
+    return [name for name in rules.sources if name in names]
+
+
+class _Planner:
+    def __init__(self, rules: RuleSet, checkpoints: dict[str, Checkpoint]) -> None:
+        self.rules = rules
+        self.ckpts = checkpoints
+        self.outputs: dict[str, OutputPlan] = {}
+        self.producer: dict[str, str] = {}
+        self.records: dict[tuple[str, str], TensorRecord] = {}
+        self.files_opened: dict[str, set[str]] = {}
+        self.warnings: list[str] = []
+        self.vocab: dict[str, VocabMap] = {}
+        self.alignments: dict[str, Alignment] = {}
+
+    # -- entry ---------------------------------------------------------------------------
+    def run(self) -> Plan:
+        if self.rules.convert is None:
+            raise PlanError(f"{self.rules.path}: no 'convert' source; name the source the rules convert")
+        self._load_vocab_maps()
+        self._plan_converted_source()
+        for entry in self.rules.add.values():
+            self._plan_add(entry)
+        self._check_requirements()
+        self._record_unused()
+        config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
+        sources = {
+            name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit)
+            for name, ckpt in self.ckpts.items()
+        }
+        return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
+                    records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
+                    config=config, sources=sources, warnings=tuple(self.warnings),
+                    checkpoints=self.ckpts)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _tensor(self, source: str, key: str, why: str) -> TensorInfo:
+        ckpt = self.ckpts[source]
+        info = ckpt.tensors.get(key)
+        if info is None:
+            close = difflib.get_close_matches(key, list(ckpt.tensors), n=3, cutoff=0.5)
+            hint = f"; closest keys: {quote_keys(close)}" if close else ""
+            raise SourceNotFoundError(
+                f"{why}: source {source!r} ({ckpt.location}) has no tensor {key!r}{hint}",
+                source=source, key=key)
+        self.files_opened.setdefault(source, set()).add(info.file)
+        return info
+
+    def _record(self, source: str, info: TensorInfo, action: str, target: str | None,
+                rule: str | None, reason: str) -> None:
+        """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
+        earlier = self.records.get((source, info.key))
+        if earlier is not None:
+            if earlier.action != "vocab" or action == "unused":
+                return
+            reason = f"{reason}; {earlier.reason}"
+        self.records[(source, info.key)] = TensorRecord(
+            source, info.key, action, target, info.shape, info.dtype, rule, reason)
+
+    def _add_output(self, out: OutputPlan, producer: str) -> None:
+        if not out.key or _CONTROL.search(out.key) or out.key == "__metadata__" or len(out.key) > 1024:
+            raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name "
+                            "(empty, control characters, '__metadata__' or over 1024 characters)", key=out.key)
+        if out.key in self.outputs:
+            raise PlanError(f"{producer} and {self.producer[out.key]} both write output key {out.key!r}; "
+                            "two tensors cannot be written to one key: rename one of them", key=out.key)
+        self.outputs[out.key] = out
+        self.producer[out.key] = producer
+
+    def _out_dtype(self, input_dtype: str, cast: str | None) -> str:
+        if cast:
+            return USER_DTYPES[cast]
+        if self.rules.output.dtype and input_dtype in _FLOAT_DTYPES:
+            return USER_DTYPES[self.rules.output.dtype]
+        return input_dtype
+
+    # -- vocabulary maps -----------------------------------------------------------------
+    def _load_vocab_maps(self) -> None:
+        for name, spec in self.rules.vocab.items():
+            where = f"vocab.{name} ({spec.where.short})"
+            if spec.file is not None:
+                assert spec.encoding is not None
+                self.vocab[name] = load_vocab_file(spec.file, name=name, encoding=spec.encoding,
+                                                   vocab_size=spec.vocab_size)
+                continue
+            assert spec.source is not None
+            if spec.identity_rows_of is not None:
+                info = self._tensor(spec.source, spec.identity_rows_of, where)
+                self.vocab[name] = VocabMap(name, tuple(range(info.shape[0])), info.shape[0],
+                                            origin=f"rows of {spec.source}:{spec.identity_rows_of}")
+                continue
+            assert spec.encoding is not None
+            ckpt = self.ckpts[spec.source]
+            d2t = self._tensor(spec.source, spec.d2t, where)
+            t2d = self._tensor(spec.source, spec.t2d, where) if spec.t2d else None
+            self.vocab[name] = vocab_map_from_bytes(
+                name, ckpt.read(d2t), d2t.dtype, ckpt.read(t2d) if t2d else None,
+                t2d.dtype if t2d else None, encoding=spec.encoding, vocab_size=spec.vocab_size,
+                origin=f"source {spec.source!r} tensor {spec.d2t!r}")
+            reason = f"read as vocabulary map {name!r} ({spec.encoding})"
+            self._record(spec.source, d2t, "vocab", None, spec.where.short, reason)
+            if t2d:
+                self._record(spec.source, t2d, "vocab", None, spec.where.short, reason)
+
+    # -- the converted source ------------------------------------------------------------
+    def _plan_converted_source(self) -> None:
+        source = self.rules.convert
+        assert source is not None
+        ckpt = self.ckpts[source]
+        matched: dict[int, int] = {}
+        unmatched: list[str] = []
+        for key, info in ckpt.tensors.items():
+            self.files_opened.setdefault(source, set()).add(info.file)
+            rule = next((r for r in self.rules.tensors if r.pattern.fullmatch(key)), None)
+            if rule is None:
+                if self.rules.require.strict:
+                    unmatched.append(key)
+                else:
+                    self._record(source, info, "skipped", None, None,
+                                 "no rule matches (require.strict: false)")
+                continue
+            matched[rule.index] = matched.get(rule.index, 0) + 1
+            self._plan_tensor(source, info, rule)
+        if unmatched:
+            raise PlanError(
+                f"{self.rules.path}: {len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} of source "
+                f"{source!r} match no rule: {quote_keys(unmatched)}; add a rule for each (or a 'skip' "
+                "with its reason), or set require.strict: false", source=source)
+        for rule in self.rules.tensors:
+            if rule.index not in matched and not rule.optional:
+                self.warnings.append(f"{rule.label}: match {rule.match!r} matched no tensor of {source!r}")
+
+    def _plan_tensor(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
+        where = rule.where.short
+        if rule.skip is not None:
+            self._record(source, info, "skipped", None, where, rule.skip)
+            return
+        target = rule.output_key(info.key)
+        assert target is not None
+        if rule.permute_rows is not None:
+            recipe, shape, reason = self._permutation(source, info, rule)
+            action = "permuted"
+        else:
+            recipe, shape = CopyTensor(source, info.key), info.shape
+            action = "renamed" if target != info.key else "loaded"
+            reason = "matched" + (f", renamed to {target!r}" if action == "renamed" else "")
+        dtype = self._out_dtype(info.dtype, rule.cast)
+        if dtype != info.dtype:
+            action = "cast" if action == "loaded" else action
+            reason += f", cast {info.dtype} -> {dtype}"
+        self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where, loaded=True),
+                         f"{rule.label} (from {source}:{info.key})")
+        self._record(source, info, action, target, where, reason)
+
+    def _permutation(self, source: str, info: TensorInfo,
+                     rule: TensorRule) -> tuple[GatherRows, tuple[int, ...], str]:
+        perm = rule.permute_rows
+        assert perm is not None
+        src_map, dst_map = self.vocab[perm.from_vocab], self.vocab[perm.to_vocab]
+        if not info.shape or info.shape[0] != src_map.draft_size:
+            raise PlanError(
+                f"{rule.label}: {source}:{info.key} has {info.shape[0] if info.shape else 0} rows but "
+                f"vocabulary map {perm.from_vocab!r} has {src_map.draft_size} draft tokens; "
+                f"permute_rows.from must be the map this tensor's rows are indexed by", key=info.key)
+        alignment = self.alignments.setdefault(f"{perm.from_vocab}->{perm.to_vocab}",
+                                               src_map.alignment_to(dst_map))
+        rows = alignment.source_index
+        targets = dst_map.target_ids
+        recipe = GatherRows(source, info.key, rows, targets, rule.missing_rows)
+        shape = (dst_map.draft_size, *info.shape[1:])
+        if recipe.rows_filled and rule.missing_rows is None:
+            raise PlanError(
+                f"{rule.label}: {recipe.rows_filled} of {len(rows)} rows of {info.key!r} are tokens of "
+                f"{perm.to_vocab!r} absent from {perm.from_vocab!r}; add missing_rows (rows_of a "
+                "full-vocabulary tensor such as the verifier's lm_head, or init: zeros|mean|normal)",
+                key=info.key)
+        fill = rule.missing_rows
+        if fill is not None and fill.init == "rows_of" and recipe.rows_filled:
+            assert fill.rows_of is not None and fill.tensor is not None
+            fb = self._tensor(fill.rows_of, fill.tensor, f"{rule.label} missing_rows")
+            needed = max(t for r, t in zip(rows, targets) if r < 0)
+            if len(fb.shape) != len(info.shape) or fb.shape[1:] != info.shape[1:] or fb.shape[0] <= needed:
+                raise PlanError(
+                    f"{rule.label}: missing_rows tensor {fill.rows_of}:{fill.tensor} has shape "
+                    f"{list(fb.shape)}; rows of shape {list(info.shape[1:])} for target ids up to {needed} "
+                    "are needed: point missing_rows at a full-vocabulary tensor of the same width", key=fill.tensor)
+            self._record(fill.rows_of, fb, "rows", None, fill.where.short,
+                         f"{recipe.rows_filled} rows read for tokens of {perm.to_vocab!r} absent from "
+                         f"{perm.from_vocab!r}" + (f", cast {fb.dtype} -> {info.dtype}" if fb.dtype != info.dtype else ""))
+        reason = (f"rows permuted {perm.from_vocab} -> {perm.to_vocab}: {recipe.rows_from_source} from the "
+                  f"source, {recipe.rows_filled} filled" +
+                  (f" ({fill.rows_of}:{fill.tensor})" if fill and fill.init == "rows_of" else
+                   f" ({fill.init})" if fill else ""))
+        return recipe, shape, reason
+
+    # -- add -----------------------------------------------------------------------------
+    def _plan_add(self, entry: AddEntry) -> None:
+        where = entry.where.short
+        label = f"add.{entry.key} ({where})"
+        if entry.vocab is not None:
+            vmap = self.vocab[entry.vocab]
+            assert entry.field is not None
+            shape, dtype = ((vmap.draft_size,), "I64") if entry.field == "d2t" else ((vmap.vocab_size,), "BOOL")
+            recipe = VocabField(entry.vocab, entry.field, entry.encoding)
+            self._add_output(OutputPlan(entry.key, dtype, shape, recipe, dtype, where, loaded=False), label)
+            return
+        assert entry.source is not None and entry.tensor is not None
+        info = self._tensor(entry.source, entry.tensor, label)
+        dtype = self._out_dtype(info.dtype, entry.cast)
+        self._add_output(OutputPlan(entry.key, dtype, info.shape, CopyTensor(entry.source, info.key),
+                                    info.dtype, where, loaded=entry.source == self.rules.convert), label)
+        self._record(entry.source, info, "copied", entry.key, where, f"added as {entry.key!r}")
+
+    # -- require -------------------------------------------------------------------------
+    def _check_requirements(self) -> None:
+        problems: list[str] = []
+        for item in self.rules.require.loaded:
+            if any(o.loaded and item.pattern.fullmatch(o.key) for o in self.outputs.values()):
+                continue
+            problems.append(self._explain_not_loaded(item.pattern, item.where.short))
+        for item in self.rules.require.min_rows_from_source:
+            out = self.outputs.get(item.key)
+            if out is None or not isinstance(out.recipe, GatherRows):
+                problems.append(f"require.min_rows_from_source ({item.where.short}): {item.key!r} is not a "
+                                "permuted output tensor; name the output key of a permute_rows rule")
+                continue
+            frac = out.recipe.rows_from_source / max(1, len(out.recipe.rows))
+            if frac < item.fraction:
+                problems.append(
+                    f"require.min_rows_from_source ({item.where.short}): only {out.recipe.rows_from_source:,} "
+                    f"of {len(out.recipe.rows):,} rows of {item.key!r} ({frac:.1%}) come from the source, "
+                    f"below {item.fraction:.0%}; the vocabulary maps are probably not the drafters' own")
+        if problems:
+            raise RequirementError("\n".join(problems))
+
+    def _explain_not_loaded(self, pattern: re.Pattern[str], where: str) -> str:
+        source = self.rules.convert
+        assert source is not None
+        wanted = regex_literal(pattern.pattern)
+        head = f"require.loaded ({where}): {wanted or pattern.pattern!r} was not loaded from source {source!r}"
+        if wanted is not None and wanted in self.outputs:
+            return f"{head}: it is produced by {self.producer[wanted]}, not loaded from the source"
+        if wanted is None:
+            return f"{head}: no output key matches; check the rule that should produce it"
+        for rule in self.rules.tensors:
+            expected = _source_key_for(rule, wanted)
+            if expected is None:
+                continue
+            keys = list(self.ckpts[source].tensors)
+            close = difflib.get_close_matches(expected, keys, n=3, cutoff=0.6)
+            hint = f"; closest keys there: {', '.join(map(repr, close))}" if close else ""
+            return (f"{head}: {rule.label} would produce it from {expected!r}, which {source!r} does not "
+                    f"have{hint}")
+        return f"{head}: no rule produces it; add a rule whose output key it is"
+
+    # -- completeness of the audit ---------------------------------------------------------
+    def _record_unused(self) -> None:
+        """Every other tensor of every file whose header was read is accounted for too."""
+        for source, files in self.files_opened.items():
+            ckpt = self.ckpts[source]
+            for file in sorted(files):
+                for info in ckpt.tensors_of_file(file):
+                    self._record(source, info, "unused", None, None,
+                                 f"in {file}, which was opened for other tensors; no rule reads it")
+
+
+def _source_key_for(rule: TensorRule, output_key: str) -> str | None:
+    """The source key from which ``rule`` would produce ``output_key``, when that can be told."""
+    if rule.skip is not None:
+        return None
+    if rule.rename is None:
+        literal = regex_literal(rule.match)
+        return output_key if (literal == output_key or rule.pattern.fullmatch(output_key)) else None
+    parts = re.split(r"(\\\d+|\\g<[^>]*>)", rule.rename)
+    regex = "".join("(.*)" if p.startswith("\\") and (p[1:].isdigit() or p.startswith("\\g<"))
+                    else re.escape(p) for p in parts)
+    m = re.fullmatch(regex, output_key)
+    if m is None or len(m.groups()) != 1 or rule.pattern.groups != 1:
+        return None
+    source_regex = re.sub(r"\((?!\?)(?:[^()\\]|\\.)*\)", lambda _: re.escape(m.group(1)), rule.match, count=1)
+    candidate = regex_literal(source_regex)
+    return candidate if candidate is not None and rule.pattern.fullmatch(candidate) else None

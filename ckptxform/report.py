@@ -1,0 +1,106 @@
+"""Human-readable and JSON renderings of plans, results and checkpoints (for the CLI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .engine.execute import ApplyResult
+from .engine.planner import Plan
+from .engine.recipes import GatherRows
+from .sources.base import Checkpoint
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def plan_text(plan: Plan) -> str:
+    rules = plan.rules
+    lines = [f"plan: {rules.path} ({rules.name})", "sources:"]
+    width = max((len(n) for n in plan.sources), default=0)
+    for name, src in plan.sources.items():
+        pin = f" @ {src.commit}" if src.commit else ""
+        lines.append(f"  {name:<{width}}  {src.location}{pin}")
+    for label, alignment in plan.alignments.items():
+        lines.append(f"vocabulary {label}: {alignment.summary()}")
+    for out in plan.outputs:
+        r = out.recipe
+        if isinstance(r, GatherRows):
+            fill = ""
+            if r.fill is not None and r.rows_filled:
+                fill = (f" from {r.fill.rows_of}:{r.fill.tensor}" if r.fill.init == "rows_of" else f" ({r.fill.init})")
+            lines.append(f"  {out.key}: {r.rows_from_source:,} of {len(r.rows):,} rows from {r.source} "
+                         f"({r.rows_from_source / max(1, len(r.rows)):.1%}), {r.rows_filled:,} filled{fill}")
+    counts = ", ".join(f"{n} {action}" for action, n in sorted(plan.counts().items()))
+    lines.append(f"source tensors: {len(plan.records)} accounted for ({counts})")
+    lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
+                 + (", config.json" if plan.config is not None else ""))
+    key_w = max((len(o.key) for o in plan.outputs), default=3)
+    for out in plan.outputs:
+        origin = out.origin()
+        src = (f"{origin['source']}:{origin['key']}" if "source" in origin else f"vocab {origin['vocab']}.{origin['field']}")
+        extra = " (permuted)" if isinstance(out.recipe, GatherRows) else ""
+        cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
+        lines.append(f"  {out.key:<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- {src}{extra}{cast}")
+    for warning in plan.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "rules": plan.rules.path,
+        "rules_sha256": plan.rules.sha256,
+        "name": plan.rules.name,
+        "sources": {n: s.to_dict() for n, s in plan.sources.items()},
+        "vocab": {label: a.to_dict() for label, a in plan.alignments.items()},
+        "tensors": [r.to_event() for r in plan.records],
+        "outputs": [{"key": o.key, "shape": list(o.shape), "dtype": o.dtype, "rule": o.rule,
+                     "from": o.origin()} for o in plan.outputs],
+        "config": plan.config,
+        "warnings": list(plan.warnings),
+    }
+
+
+def apply_text(result: ApplyResult) -> str:
+    files = sorted({w.file for w in result.written})
+    lines = [f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
+             f"in {len(files)} file{'s' if len(files) != 1 else ''}",
+             f"audit: {result.audit_path}"]
+    for label, alignment in result.plan.alignments.items():
+        lines.insert(0, f"vocabulary {label}: {alignment.summary()}")
+    return "\n".join(lines)
+
+
+def apply_json(result: ApplyResult) -> dict[str, Any]:
+    return {"status": "ok", "out": str(result.out), "audit": str(result.audit_path),
+            "bytes_written": result.bytes_written, "tensors": result.plan.counts(),
+            "written": [w.to_event() for w in result.written]}
+
+
+def inspect_json(ckpt: Checkpoint) -> dict[str, Any]:
+    return {
+        "location": ckpt.location,
+        "revision": ckpt.revision,
+        "commit": ckpt.commit,
+        "files": list(ckpt.files),
+        "total_bytes": sum(t.nbytes for t in ckpt.tensors.values()),
+        "tensors": [{"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "file": t.file, "bytes": t.nbytes}
+                    for t in ckpt.tensors.values()],
+    }
+
+
+def inspect_text(ckpt: Checkpoint) -> str:
+    data = inspect_json(ckpt)
+    lines = [f"{data['location']}" + (f" @ {data['commit']}" if data["commit"] else "")]
+    key_w = max((len(t["key"]) for t in data["tensors"]), default=3)
+    for t in data["tensors"]:
+        lines.append(f"  {t['key']:<{key_w}}  {t['dtype']:<5} {str(t['shape']):<16} {t['file']}")
+    lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
+                 f"({_human_bytes(data['total_bytes'])})")
+    return "\n".join(lines)

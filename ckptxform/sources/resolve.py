@@ -1,0 +1,66 @@
+"""Turn a location (a rule file's source, ``--source NAME=LOC``, a CLI argument) into a Checkpoint.
+
+An existing local path wins; ``hf://ORG/NAME[@REV]`` is always the Hub; ``ORG/NAME[@REV]``
+that is not a local path is the Hub.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..errors import SourceNotFoundError
+from ..rules.model import SourceSpec
+from .base import Checkpoint
+
+_REPO = re.compile(r"^(?:hf://)?([A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)(?:@([^@\s]+))?$")
+
+
+def hub_location(location: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` when ``location`` names a Hub repo rather than a local path."""
+    if not location.startswith("hf://") and Path(location).exists():
+        return None
+    match = _REPO.match(location)
+    if match is None:
+        return None
+    return match.group(1), match.group(2)
+
+
+def open_location(location: str, *, name: str | None = None, fetch: str = "auto") -> Checkpoint:
+    """Open a local directory/file or a Hub repo, reading headers only."""
+    hub = hub_location(location)
+    if hub is not None:
+        from .hub import open_hub
+
+        return open_hub(hub[0], hub[1], name=name, policy=fetch)
+    if not Path(location).exists():
+        label = f"source {name!r}: " if name else ""
+        raise SourceNotFoundError(
+            f"{label}{location!r} does not exist; give a local directory or file, "
+            "or a Hub repo ORG/NAME[@REVISION]",
+            path=location,
+            source=name,
+        )
+    from .local import open_local
+
+    return open_local(location, name=name)
+
+
+def open_source(spec: SourceSpec) -> Checkpoint:
+    """Open a rule file's source, honouring a ``--source`` override."""
+    if spec.override is None and spec.repo is not None:
+        from .hub import open_hub
+
+        return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch)
+    if spec.override is None and spec.path is not None:
+        from .local import open_local
+
+        if not Path(spec.path).exists():
+            raise SourceNotFoundError(
+                f"source {spec.name!r} ({spec.where.short}): path {spec.path!r} does not exist; "
+                f"fix the path or pass --source {spec.name}=LOCATION",
+                path=spec.path,
+                source=spec.name,
+            )
+        return open_local(spec.path, name=spec.name)
+    return open_location(spec.location, name=spec.name, fetch=spec.fetch)
