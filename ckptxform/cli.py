@@ -141,3 +141,56 @@ def inspect(location: str, as_json: bool) -> None:
 
     with open_location(location) as ckpt:
         click.echo(json.dumps(report.inspect_json(ckpt), indent=2) if as_json else report.inspect_text(ckpt))
+
+
+@main.command(name="vocab-diff")
+@click.argument("location_a")
+@click.argument("location_b")
+@click.option("--encoding", type=click.Choice(["offset", "absolute"]), default="offset", show_default=True,
+              help="How both d2t tensors are encoded.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_reports_errors
+def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -> None:
+    """Compare two drafters' draft vocabularies (d2t/t2d, or vocab-map files)."""
+    from .vocab_diff import vocab_diff as compare
+
+    result = compare(location_a, location_b, encoding=encoding)  # type: ignore[arg-type]
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
+
+
+@main.command()
+@click.argument("location_a")
+@click.argument("location_b")
+@click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_reports_errors
+def diff(location_a: str, location_b: str, emit_rules: bool, as_json: bool) -> None:
+    """Compare two checkpoints' keys, shapes and dtypes; suggest renames."""
+    from .ckpt_diff import checkpoint_diff
+
+    result = checkpoint_diff(location_a, location_b)
+    if emit_rules:
+        click.echo(result.rules_yaml(), nl=False)
+    else:
+        click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
+
+
+@main.command()
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Where to build the stand-ins and the output (default: a new temporary directory).")
+@click.option("--force", is_flag=True, help="Replace the output of an earlier demo in --out.")
+@_reports_errors
+def demo(out: str | None, force: bool) -> None:
+    """Offline: run the headline rule on small stand-ins of its three sources."""
+    from . import report
+    from .demo import run_demo
+
+    d = run_demo(out, force=force)
+    click.echo(f"built stand-ins of the three sources under {d.root / 'sources'}:")
+    for name, loc in d.sources.items():
+        click.echo(f"  {name:<12} {loc}")
+    click.echo(f"\n$ ckptxform plan {d.rules} " + " ".join(f"--source {n}=..." for n in d.sources))
+    click.echo(report.plan_text(d.plan))
+    click.echo(f"\n$ ckptxform apply ... --out {d.result.out}")
+    click.echo(report.apply_text(d.result))
+    click.echo(f"\nnext: ckptxform inspect {d.result.out}   |   less {d.result.audit_path}")

@@ -1,0 +1,474 @@
+"""Checkpoints on the local disk, indexed from headers only.
+
+``open_local`` accepts what people have on disk: a ``.safetensors`` file; a directory
+holding ``model.safetensors``, a sharded ``model.safetensors.index.json`` or a single
+other ``*.safetensors``; a shard index given by path; and ``pytorch_model.bin`` (single,
+sharded with ``pytorch_model.bin.index.json``, or a ``.bin``/``.pt``/``.pth`` path).
+Safetensors are indexed with two ``os.pread`` calls per file and read by byte range; a
+``.bin`` is a pickle, so it is loaded (memory-mapped) with ``torch.load(weights_only=True)``,
+which refuses pickled code.
+
+Example::
+
+    with open_local("stand-ins/drafter") as ckpt:
+        info = ckpt.tensors["lm_head.weight"]
+        first_row = ckpt.read(info, 0, info.row_nbytes)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import pickle
+import re
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ckptxform.dtypes import from_torch_dtype
+from ckptxform.errors import (
+    CheckpointFormatError,
+    CkptxformError,
+    SourceNotFoundError,
+    UsageError,
+    quote_keys,
+)
+from ckptxform.sources.base import Checkpoint, TensorInfo
+from ckptxform.sources.safetensors_header import (
+    check_index_matches_shards,
+    parse_index_json,
+    read_header,
+)
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+BIN_INDEX = "pytorch_model.bin.index.json"
+BIN_SINGLE = "pytorch_model.bin"
+CONFIG = "config.json"
+_BIN_SUFFIXES = (".bin", ".pt", ".pth")
+_LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE)
+# Linux moves at most this many bytes per read(2)/pread(2) call.
+_MAX_PREAD = 0x7FFFF000
+
+
+def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
+    """Index the checkpoint at ``path`` from its headers. ``name`` (the source's name in
+    the rule file) is set as ``source`` on any error raised.
+
+    >>> ckpt = open_local("out/drafter")            # doctest: +SKIP
+    >>> ckpt.tensors["fc.weight"].shape             # doctest: +SKIP
+    (64, 192)
+    """
+    try:
+        return _open(Path(path), location=str(path), name=name)
+    except CkptxformError as err:
+        err.source = err.source or name
+        raise
+    except OSError as exc:  # permissions, I/O errors, a directory where a file belongs
+        raise _unreadable(exc, path, source=name) from None
+
+
+class LocalCheckpoint(Checkpoint):
+    """A checkpoint on the local disk; build it with ``open_local``. Safetensors bytes
+    are read with ``os.pread`` on one descriptor per file, opened at its first read.
+    A ``.bin`` tensor has no byte offset in its file (``offset == -1``, ``local_path``
+    is None): ``read`` returns its bytes from the memory-mapped tensor."""
+
+    def __init__(
+        self,
+        *,
+        location: str,
+        name: str | None,
+        root: Path,
+        tensors: Mapping[str, TensorInfo],
+        files: tuple[str, ...],
+        metadata: Mapping[str, Mapping[str, str]],
+        bin_tensors: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        self.location = location
+        self.name = name
+        #: the directory file names are relative to
+        self.root = root
+        self.tensors = tensors
+        self.files = files
+        #: each safetensors file's ``__metadata__`` (e.g. ``{"format": "pt"}``)
+        self.metadata = metadata
+        self._descriptors: dict[str, int] = {}
+        self._bin_tensors = bin_tensors
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def config(self) -> dict[str, Any] | None:
+        path = self.root / CONFIG
+        if not path.exists():
+            return None
+        _check_inside(path, self.root)
+        try:
+            return _load_config(path)
+        except OSError as exc:
+            raise _unreadable(exc, path, source=self.name) from None
+
+    def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
+        if length is None:
+            length = info.nbytes - start
+        if start < 0 or length < 0 or start + length > info.nbytes:
+            raise UsageError(
+                f"{self.location}: bytes [{start}, {start + length}) are outside tensor "
+                f"{info.key!r}, which has {info.nbytes} bytes",
+                key=info.key,
+            )
+        if self.tensors.get(info.key) != info:
+            raise UsageError(
+                f"{self.location}: tensor {info.key!r} of file {info.file!r} is not part of "
+                "this checkpoint; read a TensorInfo taken from its .tensors",
+                key=info.key,
+            )
+        if self._closed:
+            raise UsageError(f"{self.location}: read after close(); open the checkpoint again")
+        if length == 0:
+            return b""
+        if info.file in self._bin_tensors:
+            return _tensor_bytes(self._bin_tensors[info.file][info.key], start, length)
+        try:
+            blob = _pread(self._descriptor(info.file), info.offset + start, length)
+        except OSError as exc:
+            raise _unreadable(exc, self.root / info.file, source=self.name) from None
+        if len(blob) != length:
+            raise CheckpointFormatError(
+                f"{self.root / info.file}: file ends before the end of tensor {info.key!r}; "
+                "it was truncated after it was indexed (re-download it)",
+                path=str(self.root / info.file),
+                key=info.key,
+            )
+        return blob
+
+    def local_path(self, file: str) -> Path | None:
+        if file not in self.files or file in self._bin_tensors:
+            return None
+        return (self.root / file).resolve()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for fd in self._descriptors.values():
+                os.close(fd)
+            self._descriptors.clear()
+            self._bin_tensors = {}
+
+    def _descriptor(self, file: str) -> int:
+        with self._lock:
+            if file not in self._descriptors:
+                self._descriptors[file] = os.open(self.root / file, os.O_RDONLY | os.O_CLOEXEC)
+            return self._descriptors[file]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Which files make up a checkpoint, before any of them is read."""
+
+    root: Path
+    kind: Literal["safetensors", "bin"]
+    files: tuple[str, ...]
+    #: the shard index and its weight map, for sharded checkpoints
+    index: Path | None = None
+    weight_map: Mapping[str, str] | None = None
+    #: the files were found by looking into ``root``: refuse links that leave it
+    confined: bool = True
+
+
+def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
+    layout = _find_layout(path)
+    for file in layout.files:
+        shard = layout.root / file
+        if not shard.exists():
+            keys = [k for k, s in (layout.weight_map or {}).items() if s == file]
+            raise SourceNotFoundError(
+                f"{layout.index}: maps {quote_keys(keys, 3)} to shard {file!r}, which does "
+                f"not exist in {layout.root}; download the missing shard or fix the index",
+                path=str(shard),
+                key=sorted(keys)[0] if keys else None,
+            )
+        if layout.confined:
+            _check_inside(shard, layout.root)
+        if not shard.is_file():
+            raise CheckpointFormatError(
+                f"{shard}: is not a regular file; give a checkpoint file or directory",
+                path=str(shard),
+            )
+    if layout.kind == "safetensors":
+        per_file, metadata = _read_safetensors_headers(layout)
+        bin_tensors: dict[str, dict[str, Any]] = {}
+    else:
+        bin_tensors = {f: _load_torch_file(layout.root / f) for f in layout.files}
+        per_file = {f: _bin_infos(f, ts) for f, ts in bin_tensors.items()}
+        metadata = {}
+    if layout.weight_map is not None:
+        check_index_matches_shards(
+            layout.weight_map,
+            {f: [t.key for t in infos] for f, infos in per_file.items()},
+            label=str(layout.index),
+        )
+    tensors = {t.key: t for f in layout.files for t in per_file[f]}
+    return LocalCheckpoint(
+        location=location,
+        name=name,
+        root=layout.root,
+        tensors=tensors,
+        files=layout.files,
+        metadata=metadata,
+        bin_tensors=bin_tensors,
+    )
+
+
+def _find_layout(path: Path) -> _Layout:
+    if not path.exists():
+        raise SourceNotFoundError(
+            f"{path}: does not exist; give a local directory or file, or a Hub repo "
+            "ORG/NAME[@REVISION]",
+            path=str(path),
+        )
+    if path.is_dir():
+        return _directory_layout(path)
+    name = path.name
+    if name.endswith(".safetensors.index.json"):
+        return _index_layout(path, "safetensors")
+    if name.endswith(".bin.index.json"):
+        return _index_layout(path, "bin")
+    # A file the user names is read even if it is a link: they chose it.
+    if name.endswith(".safetensors"):
+        return _Layout(path.parent, "safetensors", (name,), confined=False)
+    if name.endswith(_BIN_SUFFIXES):
+        return _Layout(path.parent, "bin", (name,), confined=False)
+    raise CheckpointFormatError(
+        f"{path}: not a checkpoint file; give a .safetensors, .bin, .pt or .pth file, a "
+        "*.index.json shard index, or the directory holding them",
+        path=str(path),
+    )
+
+
+def _directory_layout(directory: Path) -> _Layout:
+    # The order is transformers': a safetensors index, model.safetensors, then .bin.
+    # Files an index does not name (e.g. Mistral's consolidated.safetensors) are ignored.
+    if (directory / SAFETENSORS_INDEX).exists():
+        return _index_layout(directory / SAFETENSORS_INDEX, "safetensors")
+    if (directory / SAFETENSORS_SINGLE).exists():
+        return _Layout(directory, "safetensors", (SAFETENSORS_SINGLE,))
+    singles = sorted(p.name for p in directory.iterdir() if p.name.endswith(".safetensors"))
+    if len(singles) == 1:
+        return _Layout(directory, "safetensors", (singles[0],))
+    if len(singles) > 1:
+        raise SourceNotFoundError(
+            f"{directory}: holds {len(singles)} .safetensors files ({quote_keys(singles, 4)}) "
+            f"but no {SAFETENSORS_INDEX} saying which tensors each holds; download the "
+            "index, or give one file's path",
+            path=str(directory),
+        )
+    if (directory / BIN_INDEX).exists():
+        return _index_layout(directory / BIN_INDEX, "bin")
+    if (directory / BIN_SINGLE).exists():
+        return _Layout(directory, "bin", (BIN_SINGLE,))
+    raise SourceNotFoundError(
+        f"{directory}: no checkpoint weights found (looked for {', '.join(_LOOKED_FOR)}); "
+        "give the directory or file that holds the weights",
+        path=str(directory),
+    )
+
+
+def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> _Layout:
+    root = index.parent
+    _check_inside(index, root)
+    weight_map = parse_index_json(index.read_bytes(), label=str(index), shard_suffix=f".{kind}")
+    files = tuple(sorted(set(weight_map.values())))
+    return _Layout(root, kind, files, index=index, weight_map=weight_map)
+
+
+def _unreadable(exc: OSError, path: str | Path, *, source: str | None) -> SourceNotFoundError:
+    where = exc.filename or path
+    return SourceNotFoundError(
+        f"{where}: cannot be read ({exc.strerror or exc}); check that it is a readable file",
+        path=str(where),
+        source=source,
+    )
+
+
+def _check_inside(path: Path, root: Path) -> None:
+    """Refuse a file that is a link leading out of the checkpoint directory: a crafted
+    repo could otherwise make us read, and copy into the output, any file of the host."""
+    real_root = root.resolve()
+    allowed = [real_root]
+    # The Hugging Face cache links snapshots/REV/FILE to ../../blobs/HASH: that is home.
+    if real_root.parent.name == "snapshots":
+        allowed.append(real_root.parent.parent / "blobs")
+    real = path.resolve()
+    if not any(real.is_relative_to(a) for a in allowed):
+        raise CheckpointFormatError(
+            f"{path}: links to {real}, outside the checkpoint directory {real_root}; "
+            "replace the link with the file itself",
+            path=str(path),
+        )
+
+
+def _read_safetensors_headers(
+    layout: _Layout,
+) -> tuple[dict[str, list[TensorInfo]], dict[str, dict[str, str]]]:
+    # Descriptors are closed after the header: a plan may read a single shard of a
+    # 60-shard verifier, and ``read`` opens only the files it needs.
+    per_file: dict[str, list[TensorInfo]] = {}
+    metadata: dict[str, dict[str, str]] = {}
+    for file in layout.files:
+        fd = os.open(layout.root / file, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            per_file[file], metadata[file] = read_header(
+                functools.partial(_pread, fd),
+                file=file,
+                file_size=os.fstat(fd).st_size,
+                label=str(layout.root / file),
+            )
+        finally:
+            os.close(fd)
+    return per_file, metadata
+
+
+def _pread(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes from ``offset``, or fewer at the end of the file."""
+    parts: list[bytes] = []
+    while length > 0:
+        part = os.pread(fd, min(length, _MAX_PREAD), offset)
+        if not part:
+            break
+        parts.append(part)
+        offset += len(part)
+        length -= len(part)
+    return b"".join(parts)
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 (byte {exc.start}: {exc.reason})"
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    except (ValueError, RecursionError):
+        problem = "not valid JSON (a number too long or nesting too deep)"
+    else:
+        if isinstance(config, dict):
+            return config
+        problem = f"not a JSON object (got {type(config).__name__})"
+    raise CheckpointFormatError(f"{path}: {problem}; fix or remove the file", path=str(path))
+
+
+def _load_torch_file(path: Path) -> dict[str, Any]:
+    """The tensors of a pickled state dict, loaded without running pickled code."""
+    import torch  # a .bin is a pickle: only torch reads it
+
+    with open(path, "rb") as f:
+        # mmap needs the zip format torch.save writes since 1.6; older files load whole.
+        is_zip = f.read(4) == b"PK\x03\x04"
+    try:
+        with warnings.catch_warnings():
+            # torch warns about pickle protocols it "might not support"; the load
+            # either succeeds or raises, and we report the failure ourselves.
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointFormatError(
+            f"{path}: contains pickled code that weights_only loading refuses "
+            f"({_refusal_reason(str(exc))}); re-save it as safetensors from a trusted "
+            "environment (torch.load there, then safetensors.torch.save_file)",
+            path=str(path),
+        ) from None
+    except Exception as exc:  # torch raises anything from KeyError to RuntimeError
+        raise CheckpointFormatError(
+            f"{path}: not a readable PyTorch checkpoint ({type(exc).__name__}: "
+            f"{_first_line(str(exc))}); re-download it, or re-save it as safetensors",
+            path=str(path),
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointFormatError(
+            f"{path}: holds a {type(state).__name__}, not a state dict (tensor name -> "
+            "tensor); save model.state_dict()",
+            path=str(path),
+        )
+    for key, value in state.items():
+        _check_bin_entry(path, key, value, torch)
+    return state
+
+
+def _check_bin_entry(path: Path, key: Any, value: Any, torch: Any) -> None:
+    if not isinstance(key, str):
+        raise CheckpointFormatError(
+            f"{path}: has a {type(key).__name__} key {key!r}; a state dict maps tensor names "
+            "(strings) to tensors",
+            path=str(path),
+        )
+    if not isinstance(value, torch.Tensor):
+        nested = (
+            f" (the weights may be nested: save state[{key!r}] instead)"
+            if isinstance(value, dict)
+            else ""
+        )
+        raise CheckpointFormatError(
+            f"{path}: entry {key!r} is a {type(value).__name__}, not a tensor; a state dict "
+            f"maps tensor names to tensors{nested}",
+            path=str(path),
+            key=key,
+        )
+    if value.layout != torch.strided or value.is_quantized or value.device.type != "cpu":
+        raise CheckpointFormatError(
+            f"{path}: tensor {key!r} is a {value.layout} {value.device.type} tensor"
+            f"{' (quantized)' if value.is_quantized else ''}; only dense CPU tensors can be "
+            "converted (re-save it with .to_dense().cpu())",
+            path=str(path),
+            key=key,
+        )
+    try:
+        from_torch_dtype(value.dtype)
+    except KeyError:
+        raise CheckpointFormatError(
+            f"{path}: tensor {key!r} has dtype {value.dtype}, which safetensors cannot hold",
+            path=str(path),
+            key=key,
+        ) from None
+
+
+def _bin_infos(file: str, state: Mapping[str, Any]) -> list[TensorInfo]:
+    return [
+        TensorInfo(
+            key,
+            from_torch_dtype(t.dtype),
+            tuple(t.shape),
+            file,
+            -1,  # a pickled tensor has no byte range in its file
+            t.numel() * t.element_size(),
+        )
+        for key, t in state.items()
+    ]
+
+
+def _tensor_bytes(tensor: Any, start: int, length: int) -> bytes:
+    import torch  # already imported by the .bin load that made ``tensor``
+
+    # reshape before view: a 0-d tensor cannot be viewed as bytes. ctypes copies the
+    # bytes out without a numpy dependency.
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    piece = flat[start : start + length]
+    return ctypes.string_at(piece.data_ptr(), length)
+
+
+def _refusal_reason(message: str) -> str:
+    found = re.search(r"GLOBAL (\S+)", message)
+    if found:
+        return f"it references {found.group(1)!r}"
+    unsupported = re.search(r"Unsupported [^\n]*", message)
+    return _first_line(unsupported.group(0) if unsupported else message)
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "no details")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
