@@ -48,6 +48,7 @@ __all__ = [
     "build_headline_standins",
     "build_kimi_k25_verifier",
     "build_llama_eagle3",
+    "build_llama_verifier",
     "make_draft_vocab",
 ]
 
@@ -563,6 +564,28 @@ def _kimi_k25_config(dims: DrafterDims) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "torch_dtype": dims.dtype,
     }
+
+
+def build_llama_verifier(out_dir: str | Path, dims: DrafterDims = LLAMA31_8B_TINY, *,
+                         seed: int = 0) -> BuiltCheckpoint:
+    """What a drafter's consumer reads from a Llama-3.1 verifier
+    (meta-llama/Llama-3.1-8B-Instruct): ``model.embed_tokens.weight``,
+    ``model.norm.weight`` and ``lm_head.weight`` in one ``model.safetensors``, with the
+    verifier's ``LlamaForCausalLM`` config.json (``verifier_layers`` layers, whose
+    weights are left out: no drafter conversion or consumer reads them)."""
+    vh, d = dims.verifier_hidden, dims.dtype
+    specs = [_Spec("model.embed_tokens.weight", (dims.vocab, vh), d, "linear"),
+             _Spec("model.norm.weight", (vh,), d, "norm"),
+             _Spec("lm_head.weight", (dims.vocab, vh), d, "linear")]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {s.key: _values(s, seed) for s in specs}
+    _save_safetensors(tensors, out / "model.safetensors")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_llama_fields(dims),
+              "hidden_size": vh, "num_hidden_layers": dims.verifier_layers,
+              "torch_dtype": dims.dtype}
+    _write_json(out / "config.json", config)
+    return _record(out, dims, None, tensors, ["config.json", "model.safetensors"])
 
 
 # ----------------------------------------------------------------------------- headline

@@ -116,14 +116,16 @@ class _Planner:
                     checkpoints=self.ckpts)
 
     # -- helpers -------------------------------------------------------------------------
-    def _tensor(self, source: str, key: str, why: str) -> TensorInfo:
+    def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
         ckpt = self.ckpts[source]
         info = ckpt.tensors.get(key)
         if info is None:
             close = difflib.get_close_matches(key, list(ckpt.tensors), n=3, cutoff=0.5)
             hint = f"; closest keys: {quote_keys(close)}" if close else ""
+            fix = fix or (f"correct the key in the rule file, or pass --source {source}=LOCATION "
+                          "of a checkpoint that has it")
             raise SourceNotFoundError(
-                f"{why}: source {source!r} ({ckpt.location}) has no tensor {key!r}{hint}",
+                f"{why}: source {source!r} ({ckpt.location}) has no tensor {key!r}{hint}; {fix}",
                 source=source, key=key)
         self.files_opened.setdefault(source, set()).add(info.file)
         return info
@@ -133,9 +135,15 @@ class _Planner:
         """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
         earlier = self.records.get((source, info.key))
         if earlier is not None:
-            if earlier.action != "vocab" or action == "unused":
+            if action == "unused":
                 return
-            reason = f"{reason}; {earlier.reason}"
+            if earlier.action != "vocab" and (earlier.target is not None or target is None):
+                # Used twice (e.g. lends missing rows and is also copied whole by `add`):
+                # keep the verdict that names an output, and say both.
+                action, target, rule = earlier.action, earlier.target, earlier.rule
+                reason = f"{earlier.reason}; {reason}"
+            else:
+                reason = f"{reason}; {earlier.reason}"
         self.records[(source, info.key)] = TensorRecord(
             source, info.key, action, target, info.shape, info.dtype, rule, reason)
 
@@ -174,7 +182,9 @@ class _Planner:
             assert spec.encoding is not None
             ckpt = self.ckpts[spec.source]
             d2t = self._tensor(spec.source, spec.d2t, where)
-            t2d = self._tensor(spec.source, spec.t2d, where) if spec.t2d else None
+            t2d = self._tensor(spec.source, spec.t2d, where,
+                               f"set vocab.{name}.t2d to its key, or to null if the source has no t2d"
+                               ) if spec.t2d else None
             self.vocab[name] = vocab_map_from_bytes(
                 name, ckpt.read(d2t), d2t.dtype, ckpt.read(t2d) if t2d else None,
                 t2d.dtype if t2d else None, encoding=spec.encoding, vocab_size=spec.vocab_size,
@@ -296,12 +306,16 @@ class _Planner:
     # -- require -------------------------------------------------------------------------
     def _check_requirements(self) -> None:
         problems: list[str] = []
+        not_loaded: set[str | None] = set()
         for item in self.rules.require.loaded:
             if any(o.loaded and item.pattern.fullmatch(o.key) for o in self.outputs.values()):
                 continue
             problems.append(self._explain_not_loaded(item.pattern, item.where.short))
+            not_loaded.add(regex_literal(item.pattern.pattern))
         for item in self.rules.require.min_rows_from_source:
             out = self.outputs.get(item.key)
+            if out is None and item.key in not_loaded:
+                continue  # its source tensor is missing: reported once, by require.loaded above
             if out is None or not isinstance(out.recipe, GatherRows):
                 problems.append(f"require.min_rows_from_source ({item.where.short}): {item.key!r} is not a "
                                 "permuted output tensor; name the output key of a permute_rows rule")

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,12 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
-from .schema_check import format_path, schema_problems
+from .schema_check import format_path, plain, schema_problems
 from .yaml_source import Where, YamlDocument, read_yaml
 
-_GROUP_REF = re.compile(r"\\(\d+)|\\g<([^>]*)>")
+# Every escape of a rename template, so that an escaped backslash (``\\1``) is not read
+# as a group reference; group(1) is a group number, group(2) a ``\g<...>`` name.
+_GROUP_REF = re.compile(r"\\(?:(\d+)|g<([^>]*)>|.)", re.DOTALL)
 _CONFIG_REF = re.compile(r"^\$\{([^}]*)\}$")
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -79,21 +82,24 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
     return _build(merged, label, digest.hexdigest(), tuple(doc.file for doc in chain))
 
 
-def _read_chain(path: Path, label: str, seen: tuple[Path, ...]) -> list[YamlDocument]:
-    """The documents of the extends chain, base first."""
+def _read_chain(path: Path, label: str, seen: tuple[tuple[Path, str], ...]) -> list[YamlDocument]:
+    """The documents of the extends chain, base first. ``seen``: (resolved, label) of the children."""
     resolved = path.resolve()
-    if resolved in seen:
-        cycle = " -> ".join(str(p) for p in (*seen, resolved))
-        raise RuleError([f"{label}: extends cycle: {cycle}; remove one of the extends"], path=label)
     doc = read_yaml(path, label)
     base = doc.data.get("extends") if isinstance(doc.data, dict) else None
     if not isinstance(base, str) or not base:
         return [doc]
     base_label = os.path.normpath(os.path.join(os.path.dirname(label), base))
+    where = doc.where(("extends",))
     if not Path(base_label).is_file():
-        where = doc.where(("extends",))
-        raise RuleError([f"{where}: extends: {base!r} not found (looked for {base_label})"], path=label)
-    return _read_chain(Path(base_label), base_label, (*seen, resolved)) + [doc]
+        raise RuleError([f"{where}: extends: {base!r} not found (looked for {plain(base_label)})"], path=label)
+    chain = (*seen, (resolved, label))
+    # Reported at the extends that closes the loop, with the loop spelled out.
+    if Path(base_label).resolve() in [p for p, _ in chain]:
+        cycle = " -> ".join([lbl for _, lbl in chain] + [base_label])
+        raise RuleError([f"{where}: extends: {base!r} makes a cycle ({cycle}); remove one of the extends"],
+                        path=label)
+    return _read_chain(Path(base_label), base_label, chain) + [doc]
 
 
 class _Merged:
@@ -144,7 +150,7 @@ def _merge(chain: list[YamlDocument]) -> _Merged:
 
 def _did_you_mean(name: str, defined: list[str]) -> str:
     close = difflib.get_close_matches(name, defined, n=1)
-    listing = ", ".join(sorted(defined)) or "none"
+    listing = ", ".join(plain(name) for name in sorted(defined)) or "none"
     return f" (defined: {listing})" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
@@ -175,9 +181,16 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
         check_ref(node, ("source",), "source", sources)
 
     literal_outputs: dict[str, str] = {}
+    earlier: list[re.Pattern[str]] = []
     for node in m.tensors:
         rule = node.value if isinstance(node.value, dict) else {}
         pattern = _compile(rule.get("match"), node, ("match",), report)
+        # A rule for one literal key that an earlier rule already takes never fires: that
+        # is how a child file overrides a base rule, not two tensors for one output key.
+        source_key = regex_literal(pattern.pattern) if pattern is not None else None
+        shadowed = source_key is not None and any(p.fullmatch(source_key) for p in earlier)
+        if pattern is not None:
+            earlier.append(pattern)
         if isinstance(rule.get("permute_rows"), dict):
             check_ref(node, ("permute_rows", "from"), "vocabulary", vocabs)
             check_ref(node, ("permute_rows", "to"), "vocabulary", vocabs)
@@ -185,15 +198,21 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
             check_ref(node, ("missing_rows", "rows_of"), "source", sources)
         template = rule.get("rename")
         if pattern is not None and isinstance(template, str):
+            bad_group = False
             for ref in _GROUP_REF.finditer(template):
                 number, name = ref.group(1), ref.group(2)
                 if number is not None and int(number) > pattern.groups:
+                    bad_group = True
                     report(node, ("rename",), f"\\{number} refers to group {number} but 'match' has "
                            f"{pattern.groups} group{'s' if pattern.groups != 1 else ''}")
                 if name is not None and not (name.isdigit() and int(name) <= pattern.groups) \
                         and name not in pattern.groupindex:
+                    bad_group = True
                     report(node, ("rename",), f"\\g<{name}> names no group of 'match'")
-        literal = _literal_output(rule, pattern)
+            problem = None if bad_group else _template_problem(pattern, template)
+            if problem:
+                report(node, ("rename",), problem)
+        literal = None if shadowed else _literal_output(rule, pattern)
         if literal is not None:
             if literal in literal_outputs:
                 report(node, ("match",), f"produces output key {literal!r}, already produced by "
@@ -230,7 +249,32 @@ def _compile(value: Any, node: _Node, sub: tuple[str | int, ...], report: Any) -
         return re.compile(value)
     except re.error as err:
         report(node, sub, f"invalid regular expression {value!r}: {err.msg} at position {err.pos}")
+    except OverflowError as err:  # a{99999999999}
+        report(node, sub, f"invalid regular expression {value!r}: {err}")
+    except RecursionError:  # thousands of nested groups overflow the parser's stack
+        report(node, sub, f"invalid regular expression {value!r}: nested too deeply")
+    return None
+
+
+def _template_problem(pattern: re.Pattern[str], template: str) -> str | None:
+    """Why ``template`` cannot be expanded for a match of ``pattern`` (bad escapes like ``\\q``)."""
+    # "\n|" gives a pattern with the same groups that matches "" (the newline also ends
+    # a trailing comment of a verbose pattern), so expansion can be tried without a key.
+    try:
+        probe = re.compile(pattern.pattern + "\n|", pattern.flags).match("")
+    except (re.error, RecursionError):
         return None
+    if probe is None:
+        return None
+    try:
+        expanded = probe.expand(template)
+    except (re.error, IndexError) as err:
+        return f"invalid rename template {template!r}: {err}"
+    if "\\" in expanded:
+        # re keeps unknown escapes like "\." as they are: the key would hold a backslash.
+        return (f"rename template {template!r} puts a backslash into the output key; "
+                "a rename is not a regular expression: write '.' rather than '\\.'")
+    return None
 
 
 def _literal_output(rule: dict[str, Any], pattern: re.Pattern[str] | None) -> str | None:
@@ -239,7 +283,7 @@ def _literal_output(rule: dict[str, Any], pattern: re.Pattern[str] | None) -> st
         return None
     template = rule.get("rename")
     if isinstance(template, str):
-        return None if _GROUP_REF.search(template) else template
+        return None if "\\" in template else template
     return regex_literal(pattern.pattern)
 
 
@@ -298,7 +342,8 @@ def parse_size(text: int | str) -> int:
         return text
     match = _SIZE.match(text.strip())
     assert match is not None, text
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    # Decimal: exact for 1.5GB, and no float overflow for absurdly long digit strings.
+    return int(Decimal(match.group(1)) * _UNITS[match.group(2)])
 
 
 def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSet:

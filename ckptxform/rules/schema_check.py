@@ -52,19 +52,30 @@ def _validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(rules_schema())
 
 
+def plain(name: str) -> str:
+    """``name`` as written when it is a plain word, else quoted (so a message stays one line)."""
+    return name if name and name.isprintable() and not any(c.isspace() for c in name) else repr(name)
+
+
 def format_path(path: tuple[str | int, ...] | list[str | int]) -> str:
     """``('tensors', 2, 'permute_rows', 'from')`` -> ``tensors[2].permute_rows.from``."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{plain(part)}" if out else plain(part))
     return out or "(top level)"
 
 
 def schema_problems(doc: YamlDocument) -> list[tuple[tuple[int, int], str]]:
     """Every schema violation of ``doc`` as ``((line, col), message)``, in file order."""
     found: dict[str, tuple[int, int]] = {}
-    for error in _validator().iter_errors(doc.data):
-        for path, key, message in _explain(error):
+    errors = list(_validator().iter_errors(doc.data))
+    # An unknown key (a typo of 'source') also makes every one-of form fail; the
+    # did-you-mean says it all, a second message listing the forms would be noise.
+    unknown_at = {tuple(e.absolute_path) for e in errors if e.validator == "additionalProperties"}
+    for error in errors:
+        if error.validator in ("oneOf", "anyOf") and tuple(error.absolute_path) in unknown_at:
+            continue
+        for path, key, message in _explain(error, doc.data):
             where = doc.where(path, key=key)
             line = f"{where}: {format_path(path)}: {message}"
             found.setdefault(line, (where.line, where.col))
@@ -75,8 +86,35 @@ def _type_name(value: Any) -> str:
     return _YAML_TYPES.get(type(value), type(value).__name__)
 
 
-def _explain(error: ValidationError) -> list[tuple[tuple[str | int, ...], bool, str]]:
-    """(path, points-at-key, message) for one jsonschema error."""
+def _schema_at(schema_path: Any) -> Any:
+    """The part of the rules schema at a jsonschema error's schema path (None if not found)."""
+
+    def resolve(ref: str) -> Any:  # the schema has local refs only: "#/$defs/x"
+        target: Any = rules_schema()
+        for name in ref.removeprefix("#/").split("/"):
+            target = target[name]
+        return target
+
+    node: Any = rules_schema()
+    try:
+        for part in schema_path:
+            # jsonschema's schema paths step over a "$ref" without naming it
+            while isinstance(node, dict) and part not in node and "$ref" in node:
+                node = resolve(node["$ref"])
+            node = resolve(node["$ref"]) if part == "$ref" else node[part]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return node
+
+
+def _value_at(root: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        root = root[part]
+    return root
+
+
+def _explain(error: ValidationError, root: Any) -> list[tuple[tuple[str | int, ...], bool, str]]:
+    """(path, points-at-key, message) for one jsonschema error; ``root`` is the whole document."""
     path = tuple(error.absolute_path)
     value = error.instance
     kind = error.validator
@@ -87,8 +125,15 @@ def _explain(error: ValidationError) -> list[tuple[tuple[str | int, ...], bool, 
         if kind == "required":
             needed = error.validator_value
             return [(path + (trigger,), True, f"{trigger!r} needs {', '.join(map(repr, needed))}")]
-        banned = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
-        conflicts = [k for k in value if banned.get(k) is False] if isinstance(value, dict) else []
+        # jsonschema reports a `false` property schema at the object, with the property's
+        # value as instance and without its name; so the banned keys come from the schema
+        # and the offending ones from the document.
+        spot = _schema_at(error.absolute_schema_path)
+        if spot is False and path:  # a jsonschema that does name the property
+            return [(path, True, f"{path[-1]!r} cannot be combined with {trigger!r}")]
+        banned = spot if isinstance(spot, dict) else {}
+        obj = _value_at(root, path)
+        conflicts = [k for k in obj if banned.get(k) is False] if isinstance(obj, dict) else []
         return [(path + (k,), True, f"{k!r} cannot be combined with {trigger!r}") for k in conflicts] or [
             (path, False, f"conflicts with {trigger!r}")
         ]
@@ -123,28 +168,33 @@ def _explain(error: ValidationError) -> list[tuple[tuple[str | int, ...], bool, 
         sign = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[kind]
         return [(path, False, f"must be {sign} {error.validator_value}, got {_short(value)}")]
     if kind in ("oneOf", "anyOf"):
-        return _explain_one_of(error, path, value)
+        return _explain_one_of(error, path, value, root)
     if kind == "propertyNames":
         return [(path, False, error.message)]
     return [(path, False, error.message)]
 
 
 def _explain_one_of(
-    error: ValidationError, path: tuple[str | int, ...], value: Any
+    error: ValidationError, path: tuple[str | int, ...], value: Any, root: Any
 ) -> list[tuple[tuple[str | int, ...], bool, str]]:
     branches = error.validator_value
     # A branch that failed only below this node (a typo inside it) is the one the user meant.
     deeper = [e for e in error.context or [] if len(e.absolute_path) > len(path)]
     if deeper and isinstance(value, dict):
         best = max(deeper, key=lambda e: len(e.absolute_path))
-        return _explain(best)
+        return _explain(best, root)
     # A branch whose type fits (a string that misses the pattern) explains itself best.
     by_branch: dict[int, list[ValidationError]] = {}
     for sub in error.context or []:
         by_branch.setdefault(int(sub.relative_schema_path[0]), []).append(sub)
     fitting = [errs for errs in by_branch.values() if not any(e.validator == "type" for e in errs)]
     if len(fitting) == 1 and not isinstance(value, dict):
-        return [item for sub in fitting[0] for item in _explain(sub)]
+        return [item for sub in fitting[0] for item in _explain(sub, root)]
+    # The one form that knows every key given is the one meant ({rows_of} lacks 'tensor').
+    if isinstance(value, dict) and value:
+        meant = [i for i, b in enumerate(branches) if set(value) <= set(b.get("properties", ()))]
+        if len(meant) == 1 and by_branch.get(meant[0]):
+            return [item for sub in by_branch[meant[0]] for item in _explain(sub, root)]
     forms = []
     for branch in branches:
         if "required" in branch:

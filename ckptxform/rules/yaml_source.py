@@ -8,6 +8,7 @@ record the position of every value and every mapping key by its path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from ..errors import RuleError
 
 MAX_FILE_BYTES = 1 << 20  # a rule file is a page of text; 1 MiB is generous
 MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
+# A rule file nests about 8 levels; the bound keeps PyYAML's recursive composer, our
+# builder (aliases can stack subtrees, or even point into themselves) and jsonschema far
+# from Python's recursion limit.
+MAX_DEPTH = 64
 
 _SCALAR_TAGS = {
     "tag:yaml.org,2002:str",
@@ -71,6 +76,31 @@ class YamlDocument:
         return self.values.get((), Where(self.file, 1, 1))
 
 
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer refuses nesting deeper than ``MAX_DEPTH``."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
+
+
+def _yaml_problem(err: yaml.MarkedYAMLError) -> str:
+    """PyYAML's context and problem as one phrase (it means to print marks between them)."""
+    if err.context and err.problem:
+        at = f" at line {err.context_mark.line + 1}" if err.context_mark else ""
+        return f"{err.context}{at}: {err.problem}"
+    return str(err.problem or err.context)
+
+
 def _where(file: str, node: yaml.Node) -> Where:
     return Where(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -98,13 +128,20 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
             path=label,
         ) from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_DepthLimitedLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark else label
-        raise RuleError([f"{where}: invalid YAML: {err.problem or err.context}"], path=label) from None
+        raise RuleError([f"{where}: invalid YAML: {_yaml_problem(err)}"], path=label) from None
+    except yaml.reader.ReaderError as err:  # a control character; it carries an offset, not a mark
+        line = text.count("\n", 0, err.position) + 1
+        col = err.position - (text.rfind("\n", 0, err.position) + 1) + 1
+        raise RuleError(
+            [f"{label}:{line}:{col}: invalid YAML: control character U+{err.character:04X} is not allowed; remove it"],
+            path=label,
+        ) from None
     except yaml.YAMLError as err:
-        raise RuleError([f"{label}: invalid YAML: {err}"], path=label) from None
+        raise RuleError([f"{label}: invalid YAML: {' '.join(str(err).split())}"], path=label) from None
     if node is None:
         raise RuleError([f"{label}:1:1: the file is empty; a rule file starts with 'version: 1'"], path=label)
     builder = _Builder(label)
@@ -127,8 +164,14 @@ class _Builder:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise RuleError(
-                [f"{_where(self.file, node)}: more than {MAX_NODES:,} YAML nodes (an alias bomb?); "
-                 "write the rules out without nested aliases"],
+                [(f"{_where(self.file, node)}: more than {MAX_NODES:,} YAML nodes (an alias bomb?); "
+                  "write the rules out without nested aliases")],
+                path=self.file,
+            )
+        if len(path) >= MAX_DEPTH:
+            raise RuleError(
+                [(f"{_where(self.file, node)}: nested more than {MAX_DEPTH} levels deep (through aliases?); "
+                  "write the rules out without nested aliases")],
                 path=self.file,
             )
         self.values[path] = _where(self.file, node)
@@ -137,12 +180,28 @@ class _Builder:
         if isinstance(node, yaml.SequenceNode) and node.tag == _SEQ_TAG:
             return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
         if isinstance(node, yaml.ScalarNode) and node.tag in _SCALAR_TAGS:
-            return self._constructor.construct_object(node)
+            return self._scalar(node)
         self.problems.append(
             f"{_where(self.file, node)}: YAML tag {node.tag!r} is not allowed in a rule file; "
             "use plain strings, numbers, booleans, lists and mappings"
         )
         return None
+
+    def _scalar(self, node: yaml.ScalarNode) -> Any:
+        kind = node.tag.rsplit(":", 1)[-1]
+        try:
+            value = self._constructor.construct_object(node)
+        except (ValueError, KeyError, IndexError, TypeError, yaml.YAMLError):
+            # An explicit tag on a value that is not of that type (`!!int abc`, a bare
+            # `!!int`), or a form PyYAML resolves but cannot convert (`0b_`, 5,000 digits).
+            self.problems.append(f"{_where(self.file, node)}: {node.value!r} is not a valid {kind}; "
+                                 "quote it to make it a string")
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            # JSON has no inf/nan, and a fraction or size of nan passes every bound.
+            self.problems.append(f"{_where(self.file, node)}: {node.value!r} is not a finite number")
+            return None
+        return value
 
     def _mapping(self, node: yaml.MappingNode, path: Path_) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -1,0 +1,470 @@
+"""Hub repos as checkpoints, pulling only the bytes a conversion needs from one commit.
+
+Everything goes through the real ``huggingface_hub`` client, so the conventions users
+already have hold: ``HF_TOKEN`` or the saved token, ``HF_HOME``, ``HF_HUB_CACHE``,
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1``, progress bars on a terminal only.
+
+- The revision is resolved to a commit once (``HfApi.resolve_revision``); every later
+  request names that commit, so a run reads one immutable snapshot.
+- ``config.json`` and ``model.safetensors.index.json`` go through the Hugging Face cache.
+  Safetensors headers are read by HTTP range requests (8 bytes, then the JSON), and only
+  for the shards whose tensors are asked for: ``tensors`` is a lazy mapping over the
+  index, so a 60-shard verifier costs one header when one tensor is needed.
+- Bytes of a file already in the cache are read from disk. Otherwise ``policy`` decides:
+  ``download`` fetches the file into the cache; ``ranges`` reads byte ranges; ``auto``
+  (default) reads ranges unless a read needs at least half of the file, and downloads the
+  files the executor announces through ``prefetch``. Row gathers merge adjacent rows into
+  one request, bridge small gaps (``hub_ranges.plan_requests``), run requests in
+  parallel, retry transient failures with backoff, and keep what they fetched in a
+  range cache next to the repo's Hugging Face cache folder, so a rerun, or an offline
+  run, transfers nothing.
+- Every failure is one ckptxform ``HubError`` line naming the source, repo and revision
+  and saying what to do. No message, log line or attribute ever holds the token.
+
+Example::
+
+    with open_hub("org/verifier", "main", name="verifier") as ckpt:
+        info = ckpt.tensors["language_model.lm_head.weight"]   # reads one shard header
+        rows = ckpt.read_rows(info, [5, 6, 7, 900])             # two range requests
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from loguru import logger
+
+from ckptxform.errors import CheckpointFormatError, CkptxformError, EntryNotFoundError, UsageError
+from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
+from ckptxform.sources.hub_errors import CutResponse, HubWhere, Retry, call_hub
+from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
+from ckptxform.sources.safetensors_header import (
+    check_index_matches_shards,
+    header_length,
+    parse_header_json,
+    parse_index_json,
+)
+
+__all__ = ["HubCheckpoint", "Policy", "Retry", "open_hub", "parse_hub_location"]
+
+CONFIG = "config.json"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+Policy = Literal["auto", "ranges", "download"]
+POLICIES: tuple[str, ...] = ("auto", "ranges", "download")
+#: ``auto`` downloads a whole file when one read needs at least this share of it.
+AUTO_DOWNLOAD_SHARE = 0.5
+#: Range requests in flight at once: hides round trips without hammering the server.
+PARALLEL_REQUESTS = 8
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_T = TypeVar("_T")
+
+
+def parse_hub_location(loc: str) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` for ``hf://ORG/NAME[@REV]`` and ``ORG/NAME[@REV]``, else
+    None. It does not look at the disk: the caller checks for a local path of that name
+    first (an existing local path wins over a Hub repo).
+
+    >>> parse_hub_location("hf://org/model@v1.0")
+    ('org/model', 'v1.0')
+    >>> parse_hub_location("./checkpoints/drafter") is None
+    True
+    """
+    explicit = loc.startswith("hf://")
+    repo, sep, rev = loc.removeprefix("hf://").partition("@")
+    if _REPO_ID.fullmatch(repo) and not (sep and (not rev or any(c.isspace() for c in rev) or "@" in rev)):
+        return repo, rev or None
+    if explicit:
+        raise UsageError(f"{loc!r} is not a Hub location; write hf://ORG/NAME or hf://ORG/NAME@REVISION")
+    return None
+
+
+def open_hub(
+    repo_id: str,
+    revision: str | None = None,
+    *,
+    name: str | None = None,
+    policy: str = "auto",
+    location: str | None = None,
+    require_pinned: bool = False,
+    retry: Retry = Retry(),
+) -> HubCheckpoint:
+    """Resolve ``revision`` to a commit and index the repo's safetensors from the index
+    and headers, transferring no weight byte. ``name`` is the source's name in the rule
+    file (used in messages); ``require_pinned`` refuses a branch or tag.
+
+    >>> ckpt = open_hub("AQ-MedAI/Kimi-K25-eagle3", name="target_vocab")  # doctest: +SKIP
+    >>> ckpt.commit                                                        # doctest: +SKIP
+    '0b5c3e...'
+    """
+    if policy not in POLICIES:
+        raise UsageError(
+            f"source {name!r}: fetch policy {policy!r} is not one of {', '.join(POLICIES)}", source=name
+        )
+    ckpt = HubCheckpoint(
+        repo_id, revision, name=name, policy=policy, location=location, retry=retry  # type: ignore[arg-type]
+    )
+    try:
+        ckpt._open(require_pinned=require_pinned)
+    except CkptxformError as err:
+        err.source = err.source or name
+        ckpt.close()
+        raise
+    return ckpt
+
+
+class HubCheckpoint(Checkpoint):
+    """A safetensors checkpoint in a Hub repo at one commit; build it with ``open_hub``."""
+
+    def __init__(
+        self,
+        repo_id: str,
+        revision: str | None,
+        *,
+        name: str | None,
+        policy: Policy,
+        location: str | None,
+        retry: Retry,
+    ) -> None:
+        self.repo_id = repo_id
+        self.revision = revision
+        self.commit = None
+        self.name = name
+        self.policy = policy
+        self.location = location or (f"{repo_id}@{revision}" if revision else repo_id)
+        self.files = ()
+        self.tensors = {}
+        #: each loaded file's ``__metadata__``
+        self.metadata: dict[str, dict[str, str]] = {}
+        self._retry = retry
+        self._config: dict[str, Any] | None = None
+        self._sizes: dict[str, int] = {}
+        self._local: dict[str, Path] = {}
+        self._ranges: dict[str, RangeCache] = {}
+        self._fds: dict[str, int] = {}
+
+    # -- the Checkpoint contract -----------------------------------------------------
+    def config(self) -> dict[str, Any] | None:
+        return self._config
+
+    def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
+        if length is None:
+            length = info.nbytes - start
+        if start < 0 or length < 0 or start + length > info.nbytes:
+            raise UsageError(
+                f"{self._who()}: bytes [{start}, {start + length}) are outside tensor {info.key!r}, "
+                f"which has {info.nbytes} bytes",
+                key=info.key,
+            )
+        span = Span(info.offset + start, info.offset + start + length)
+        return self._read_spans(info.file, [span])[0]
+
+    def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
+        count = info.shape[0] if info.shape else 1
+        outside = sorted({r for r in rows if not 0 <= r < count})
+        if outside:
+            raise UsageError(
+                f"{self._who()}: rows {outside[:5]} are outside tensor {info.key!r}, which has {count} rows",
+                key=info.key,
+            )
+        width = info.row_nbytes
+        runs = row_runs(rows)
+        spans = [Span(info.offset + first * width, info.offset + (first + n) * width) for first, n in runs]
+        out: dict[int, bytes] = {}
+        for (first, n), blob in zip(runs, self._read_spans(info.file, spans)):
+            for i in range(n):
+                out[first + i] = blob[i * width : (i + 1) * width]
+        return out
+
+    def local_path(self, file: str) -> Path | None:
+        if file not in self._local and self.commit is not None:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(self.repo_id, file, revision=self.commit)
+            if isinstance(cached, str):
+                self._local[file] = Path(cached)
+        return self._local.get(file)
+
+    def prefetch(self, files: Iterable[str]) -> None:
+        """Download ``files`` into the Hugging Face cache (not under policy ``ranges``)."""
+        if self.policy == "ranges":
+            return
+        for file in files:
+            if self.local_path(file) is None:
+                self._download(file)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # -- opening ---------------------------------------------------------------------
+    def _open(self, *, require_pinned: bool) -> None:
+        from huggingface_hub import HfApi
+
+        resolved = self._call(lambda: HfApi().resolve_revision(self.repo_id, revision=self.revision), file=None)
+        self.commit = resolved.resolved
+        if not _COMMIT.fullmatch(self.revision or ""):
+            message = (
+                f"{self._who()}: {self._rev()} is not a commit; it resolved to {self.commit} for this "
+                f"run; pin revision: {self.commit} so that a rerun reads the same bytes"
+            )
+            if require_pinned:
+                raise UsageError(message + " (a pinned commit is required)", source=self.name)
+            logger.warning(message)
+        config = self._small_file(CONFIG)
+        if config is not None:
+            self._config = _load_json(config, self._label(CONFIG))
+        index = self._small_file(SAFETENSORS_INDEX)
+        if index is not None:
+            weight_map = parse_index_json(
+                index.read_bytes(), label=self._label(SAFETENSORS_INDEX), shard_suffix=".safetensors"
+            )
+            self.files = tuple(sorted(set(weight_map.values())))
+            self.tensors = _LazyTensors(weight_map, self.files, self._shard_tensors)
+            return
+        tensors = self._header(SAFETENSORS_SINGLE, missing_ok=True)
+        if tensors is None:
+            raise EntryNotFoundError(
+                f"{self._who()}: commit {self.commit} has neither {SAFETENSORS_INDEX} nor "
+                f"{SAFETENSORS_SINGLE}{self._listing()}; ckptxform reads safetensors from the Hub "
+                "(download other formats and give a local path)",
+                source=self.name,
+                path=SAFETENSORS_SINGLE,
+            )
+        self.files = (SAFETENSORS_SINGLE,)
+        self.tensors = {t.key: t for t in tensors}
+
+    def _shard_tensors(self, file: str, listed: Mapping[str, str]) -> list[TensorInfo]:
+        """The tensors of shard ``file``, checked against what the index maps to it."""
+        try:
+            tensors = self._header(file)
+            assert tensors is not None
+            check_index_matches_shards(listed, {file: [t.key for t in tensors]}, label=self._label(SAFETENSORS_INDEX))
+        except CkptxformError as err:  # raised while planning, far from open_hub
+            err.source = err.source or self.name
+            raise
+        return tensors
+
+    def _header(self, file: str, *, missing_ok: bool = False) -> list[TensorInfo] | None:
+        label = self._label(file)
+        try:
+            first8 = self._read_spans(file, [Span(0, 8)], headers=True)[0]
+        except EntryNotFoundError:
+            if missing_ok:
+                return None
+            raise
+        size = self._size(file)
+        n = header_length(first8, file_size=size, label=label)
+        blob = self._read_spans(file, [Span(8, 8 + n)], headers=True)[0]
+        if len(blob) != n:
+            raise CheckpointFormatError(f"{label}: file ends inside its {n}-byte header (re-upload it)", path=label)
+        tensors, metadata = parse_header_json(blob, file=file, file_size=size, label=label)
+        self.metadata[file] = metadata
+        return tensors
+
+    def _small_file(self, file: str) -> Path | None:
+        """A small file (config, index) through the Hugging Face cache; None if the
+        repo has no such file at the commit (a miss the cache remembers offline too)."""
+        from huggingface_hub import _CACHED_NO_EXIST, hf_hub_download, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(self.repo_id, file, revision=self.commit)
+        if isinstance(cached, str):
+            return Path(cached)
+        if cached is _CACHED_NO_EXIST:
+            return None
+        try:
+            return Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+        except EntryNotFoundError:
+            return None
+
+    def _listing(self) -> str:
+        """`` (it holds: ...)`` for a message, or nothing when the Hub cannot say."""
+        from huggingface_hub import HfApi
+
+        try:
+            names = [e.path for e in HfApi().list_repo_tree(self.repo_id, revision=self.commit, recursive=True)]
+        except Exception:  # only decorates a message that is raised anyway
+            return ""
+        shown = ", ".join(repr(n) for n in sorted(names)[:8])
+        return f" (it holds {shown}{' and more' if len(names) > 8 else ''})"
+
+    # -- bytes -----------------------------------------------------------------------
+    def _read_spans(self, file: str, spans: list[Span], *, headers: bool = False) -> list[bytes]:
+        """The bytes of each span of ``file``: from the cached file, the range cache, a
+        download (policy) or range requests. ``headers`` reads never download."""
+        path = self.local_path(file)
+        if path is None:
+            cache = self._range_cache(file)
+            blobs = [cache.get(s) for s in spans]
+            todo = [s for s, blob in zip(spans, blobs) if blob is None]
+            size = self._sizes.get(file) or cache.size()
+            wholesale = self.policy == "download" or (
+                self.policy == "auto" and size is not None and sum(s.size for s in todo) >= AUTO_DOWNLOAD_SHARE * size
+            )
+            if not todo or headers or not wholesale:
+                requests = plan_requests(todo)
+                fetched = self._fetch_all(file, requests)
+                starts = [r.start for r in requests]
+                return [b if b is not None else _slice(requests, fetched, starts, s) for s, b in zip(spans, blobs)]
+            path = self._download(file)
+        return [self._pread(file, path, s) for s in spans]
+
+    def _fetch_all(self, file: str, requests: list[Span]) -> list[bytes]:
+        if len(requests) <= 1:
+            return [self._fetch(file, r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_REQUESTS, len(requests))) as pool:
+            return list(pool.map(lambda r: self._fetch(file, r), requests))
+
+    def _fetch(self, file: str, span: Span) -> bytes:
+        data, size = self._call(lambda: self._get_range(file, span), file=file)
+        self._sizes[file] = size
+        cache = self._range_cache(file)
+        cache.set_size(size)
+        cache.put(span.start, data)
+        return data
+
+    def _get_range(self, file: str, span: Span) -> tuple[bytes, int]:
+        """One ``Range`` GET on the commit's URL; returns the bytes and the file size."""
+        from huggingface_hub import constants, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+        headers = build_hf_headers()
+        headers["Range"] = f"bytes={span.start}-{span.stop - 1}"
+        headers["Accept-Encoding"] = "identity"  # sizes and offsets are of the raw bytes
+        url = hf_hub_url(self.repo_id, file, revision=self.commit)
+        response = get_session().get(url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+        if response.status_code == 416:  # the span starts past the end: an empty answer
+            return b"", int(response.headers.get("Content-Range", "*/0").rsplit("/", 1)[-1])
+        hf_raise_for_status(response)
+        body = response.content
+        if response.status_code == 200:  # the server ignored Range and sent the whole file
+            return body[span.start : span.stop], len(body)
+        match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", response.headers.get("Content-Range", ""))
+        if match is None or int(match.group(1)) != span.start:
+            raise CutResponse(f"a bad Content-Range {response.headers.get('Content-Range')!r}")
+        size = int(match.group(3))
+        if len(body) != min(span.stop, size) - span.start:
+            raise CutResponse(f"{len(body)} of {min(span.stop, size) - span.start} bytes")
+        return body, size
+
+    def _download(self, file: str) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        logger.info(f"{self._who()}: downloading {file} into the Hugging Face cache")
+        path = Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+        self._local[file] = path
+        return path
+
+    def _pread(self, file: str, path: Path, span: Span) -> bytes:
+        if file not in self._fds:
+            self._fds[file] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        chunks, at = [], span.start
+        while at < span.stop:  # pread moves at most ~2 GiB per call
+            chunk = os.pread(self._fds[file], min(span.stop - at, 1 << 30), at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks)
+
+    def _size(self, file: str) -> int | None:
+        path = self.local_path(file)
+        if path is not None:
+            return path.stat().st_size
+        return self._sizes.get(file) or self._range_cache(file).size()
+
+    def _range_cache(self, file: str) -> RangeCache:
+        if file not in self._ranges:
+            from huggingface_hub import constants
+            from huggingface_hub.file_download import repo_folder_name
+
+            repo_cache = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+            self._ranges[file] = RangeCache.for_file(repo_cache, str(self.commit), file)
+        return self._ranges[file]
+
+    # -- naming ----------------------------------------------------------------------
+    def _call(self, fn: Callable[[], _T], *, file: str | None) -> _T:
+        return call_hub(fn, where=self._where(), file=file, retry=self._retry)
+
+    def _where(self) -> HubWhere:
+        return HubWhere(self.repo_id, self.revision, self.name, self.commit)
+
+    def _who(self) -> str:
+        return self._where().who()
+
+    def _rev(self) -> str:
+        return self._where().rev()
+
+    def _label(self, file: str) -> str:
+        prefix = f"source {self.name!r}: " if self.name else ""
+        return f"{prefix}hf://{self.repo_id}@{self.commit or self.revision}/{file}"
+
+
+class _LazyTensors(Mapping[str, TensorInfo]):
+    """The tensors of a sharded checkpoint, keyed by the index; a shard's header is read
+    the first time one of its tensors is looked up. Membership and length come from the
+    index alone; iterating reads every header, file by file, in offset order."""
+
+    def __init__(
+        self,
+        weight_map: Mapping[str, str],
+        files: tuple[str, ...],
+        load: Callable[[str, Mapping[str, str]], list[TensorInfo]],
+    ) -> None:
+        self.weight_map = weight_map
+        self._files = files
+        self._load = load  # (file, the part of the weight map naming it) -> its tensors
+        self._by_file: dict[str, dict[str, str]] = {}
+        for key, file in weight_map.items():
+            self._by_file.setdefault(file, {})[key] = file
+        self._shards: dict[str, dict[str, TensorInfo]] = {}
+
+    @property
+    def loaded_files(self) -> tuple[str, ...]:
+        """The shards whose headers have been read so far."""
+        return tuple(self._shards)
+
+    def _shard(self, file: str) -> dict[str, TensorInfo]:
+        if file not in self._shards:
+            self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
+        return self._shards[file]
+
+    def __getitem__(self, key: str) -> TensorInfo:
+        return self._shard(self.weight_map[key])[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.weight_map
+
+    def __iter__(self) -> Iterator[str]:
+        for file in self._files:
+            yield from self._shard(file)
+
+    def __len__(self) -> int:
+        return len(self.weight_map)
+
+
+def _slice(requests: list[Span], blobs: list[bytes], starts: list[int], span: Span) -> bytes:
+    """The bytes of ``span`` out of the request (sorted by start) that covers it."""
+    i = bisect.bisect_right(starts, span.start) - 1
+    request = requests[i]
+    assert i >= 0 and span.stop <= request.stop, f"no request covers {span}"
+    return blobs[i][span.start - request.start : span.stop - request.start]
+
+
+def _load_json(path: Path, label: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointFormatError(f"{label}: is not valid JSON ({exc}); re-upload it", path=label) from None
+    if not isinstance(value, dict):
+        raise CheckpointFormatError(f"{label}: must be a JSON object, got {type(value).__name__}", path=label)
+    return value

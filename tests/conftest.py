@@ -1,0 +1,181 @@
+"""Shared fixtures of the engine tests: real stand-in checkpoints, the headline rule, the CLI.
+
+Everything here writes real safetensors files (``ckptxform.standins``) and runs the real
+command in a subprocess, so exit codes, stderr and imports are what a user gets.
+Session-scoped checkpoints are shared by many tests: tests must never modify them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ckptxform.standins import KIMI_K2, KIMI_K2_TINY, HeadlineStandins, build_headline_standins
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: dimensions small enough for many examples per test, still with distinct shapes per tensor
+SMALL_DIMS = KIMI_K2.scaled(hidden=16, head_dim=8, vocab=512, draft_vocab=64, verifier_layers=4)
+
+#: a seed the stand-ins of ckptxform's own demo do not use (0), so tests see other maps
+HEADLINE_SEED = 11
+
+
+@pytest.fixture(scope="session")
+def headline_rule() -> Path:
+    """The shipped headline rule file, untouched."""
+    return REPO / "rules" / "aqmedai_k2_to_k25.yaml"
+
+
+@pytest.fixture(scope="session")
+def headline(tmp_path_factory: pytest.TempPathFactory) -> HeadlineStandins:
+    """K2 drafter, K2.5 drafter and a 4-shard verifier at KIMI_K2_TINY size (read-only)."""
+    return build_headline_standins(tmp_path_factory.mktemp("headline"), dims=KIMI_K2_TINY,
+                                   seed=HEADLINE_SEED)
+
+
+@pytest.fixture(scope="session")
+def headline_out(tmp_path_factory: pytest.TempPathFactory, headline: HeadlineStandins,
+                 headline_rule: Path) -> Path:
+    """The headline rule applied once through the Python API (read-only)."""
+    from ckptxform import api
+
+    out = tmp_path_factory.mktemp("headline-out") / "k25-drafter"
+    api.apply(headline_rule, out=out, sources=headline.sources, progress=False)
+    return out
+
+
+def source_args(sources: dict[str, str]) -> list[str]:
+    """``--source NAME=LOC`` arguments for ``sources``."""
+    return [arg for name, loc in sources.items() for arg in ("--source", f"{name}={loc}")]
+
+
+@pytest.fixture(scope="session")
+def run_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``python -m ckptxform ARGS...`` in a fresh interpreter; never raises on failure."""
+
+    def run(*args: str | os.PathLike[str], cwd: Path | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "CKPTXFORM_DEBUG"}
+        env["NO_COLOR"] = "1"
+        return subprocess.run([sys.executable, "-m", "ckptxform", *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+    return run
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The error lines of a failed command (log lines at INFO/WARNING are not errors)."""
+    return [line for line in stderr.splitlines() if line.startswith(("error:", "internal error"))]
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int = 1) -> str:
+    """Exit ``code``, no traceback, at least one error line; returns the error text."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout, proc.stdout
+    return proc.stderr
+
+
+def read_output(out: Path) -> dict[str, Any]:
+    """Every tensor of an output directory (single file or shards), read with safetensors."""
+    index = out / "model.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
+             if index.exists() else ["model.safetensors"])
+    tensors: dict[str, Any] = {}
+    for name in files:
+        part = load_file(str(out / name))
+        assert not set(part) & set(tensors), f"{name} repeats keys"
+        tensors.update(part)
+    return tensors
+
+
+def file_keys(path: Path) -> dict[str, tuple[list[int], str]]:
+    """key -> (shape, safetensors dtype) of one safetensors file, from its header."""
+    with path.open("rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {k: (v["shape"], v["dtype"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def read_audit(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "ckptxform_audit.jsonl").read_text().splitlines()]
+
+
+def tensor_bytes(tensor: Any) -> bytes:
+    """The raw little-endian bytes of a CPU tensor, as safetensors stores them."""
+    flat = tensor.contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Same dtype, same shape, same bytes (NaN-safe, unlike ``torch.equal``)."""
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and tensor_bytes(a) == tensor_bytes(b)
+
+
+LM_HEAD = "language_model.lm_head.weight"
+
+
+def verifier_tensor(verifier_dir: Path, key: str) -> torch.Tensor:
+    """One tensor of a sharded verifier, found through its index (as a user would)."""
+    index = json.loads((verifier_dir / "model.safetensors.index.json").read_text())
+    with safe_open(str(verifier_dir / index["weight_map"][key]), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def target_ids(d2t: torch.Tensor) -> list[int]:
+    """d2t is an offset: draft index i scores target token i + d2t[i]."""
+    return [i + int(v) for i, v in enumerate(d2t.tolist())]
+
+
+def expected_conversion(drafter_dir: Path, target_dir: Path, verifier_dir: Path) -> dict[str, Any]:
+    """What the headline rule must write, computed from the source files with torch alone
+    (eagle3-formats.md), not from anything the engine computes: ``midlayer.`` becomes
+    ``layers.0.``; K2.5 draft index ``j`` scores target token ``t = j + d2t_k25[j]``, whose
+    row is the K2 lm_head row ``i`` with ``i + d2t_k2[i] == t`` when K2 has the token, else
+    the verifier's ``language_model.lm_head.weight[t]``; d2t/t2d are the K2.5 drafter's."""
+    k2 = load_file(str(drafter_dir / "model.safetensors"))
+    k25 = load_file(str(target_dir / "model.safetensors"))
+    verifier_lm = verifier_tensor(verifier_dir, LM_HEAD)
+    out: dict[str, Any] = {}
+    for key, value in k2.items():
+        if key.startswith("midlayer."):
+            out["layers.0." + key.removeprefix("midlayer.")] = value
+        elif key in ("fc.weight", "norm.weight"):
+            out[key] = value
+    k2_index = {t: i for i, t in enumerate(target_ids(k2["d2t"]))}
+    rows = [k2["lm_head.weight"][k2_index[t]] if t in k2_index else verifier_lm[t]
+            for t in target_ids(k25["d2t"])]
+    out["lm_head.weight"] = torch.stack(rows)
+    out["d2t"] = k25["d2t"]
+    out["t2d"] = k25["t2d"]
+    return out
+
+
+@pytest.fixture
+def rule_variant(tmp_path: Path, headline_rule: Path) -> Callable[..., Path]:
+    """Write a copy of the headline rule to tmp_path with textual replacements.
+
+    Each replacement must apply exactly once, so that a change of the shipped rule file
+    breaks the test loudly instead of silently testing the unchanged rule."""
+
+    def make(replacements: dict[str, str], name: str = "variant.yaml") -> Path:
+        text = headline_rule.read_text()
+        for old, new in replacements.items():
+            assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in the headline rule"
+            text = text.replace(old, new)
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return make

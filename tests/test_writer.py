@@ -1,0 +1,472 @@
+"""The output writer: layout, safetensors loadability, hashes, atomic directory, lock, I/O errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from loguru import logger
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from ckptxform.dtypes import from_torch_dtype
+from ckptxform.engine.writer import (
+    OutputDir,
+    OutputLayout,
+    OutputTensorSpec,
+    ShardWriter,
+    plan_layout,
+)
+from ckptxform.errors import OutputError, PlanError, UsageError
+
+MiB = 1 << 20
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def spec_of(key: str, t: torch.Tensor) -> OutputTensorSpec:
+    return OutputTensorSpec(key, from_torch_dtype(t.dtype), tuple(t.shape))
+
+
+# Mixed dtypes in an order that leaves later tensors unaligned (3 BF16 = 6 bytes before
+# an F32), a scalar, an empty tensor and bools: all must load.
+def sample_tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "layers.0.norm.weight": torch.randn(3, generator=g).to(torch.bfloat16),
+        "fc.weight": torch.randn(4, 6, generator=g),
+        "scale": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 5, dtype=torch.float16),
+        "t2d": torch.tensor([True, False, True]),
+        "d2t": torch.arange(7, dtype=torch.int64) * 3,
+        "fp8": torch.randn(5, generator=g).to(torch.float8_e4m3fn),
+    }
+
+
+def write_all(out: Path, tensors: dict[str, torch.Tensor], *, max_shard_size: int | None = None,
+              chunk: int = 5, force: bool = False) -> tuple[OutputLayout, dict[str, str]]:
+    layout = plan_layout([spec_of(k, t) for k, t in tensors.items()], max_shard_size=max_shard_size)
+    digests = {}
+    with OutputDir(out, force=force) as od:
+        with ShardWriter(od, layout) as shards:
+            for key, t in tensors.items():
+                data = tensor_bytes(t)
+                for i in range(0, len(data), chunk):
+                    shards.write(key, data[i : i + chunk])
+                digests[key] = shards.finish_tensor(key)
+        od.commit()
+    return layout, digests
+
+
+def siblings(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name)
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# --- layout ---------------------------------------------------------------------------
+
+def u8(key: str, n: int) -> OutputTensorSpec:
+    return OutputTensorSpec(key, "U8", (n,))
+
+
+def shard_keys(layout: OutputLayout) -> list[list[str]]:
+    return [[p.spec.key for p in s.tensors] for s in layout.shards]
+
+
+def test_layout_packs_greedily_in_order_and_exact_fit_stays_in_one_shard() -> None:
+    layout = plan_layout([u8("a", 40), u8("b", 60), u8("c", 1), u8("d", 99)], max_shard_size=100)
+    assert shard_keys(layout) == [["a", "b"], ["c", "d"]]
+    assert [s.file for s in layout.shards] == ["model-00001-of-00002.safetensors",
+                                                 "model-00002-of-00002.safetensors"]
+    assert layout.index_file == "model.safetensors.index.json"
+    assert layout.total_bytes == 200
+
+
+def test_layout_splits_when_one_more_byte_would_pass_the_limit() -> None:
+    layout = plan_layout([u8("a", 40), u8("b", 61)], max_shard_size=100)
+    assert shard_keys(layout) == [["a"], ["b"]]
+
+
+def test_layout_gives_an_oversized_tensor_its_own_shard_without_reordering() -> None:
+    layout = plan_layout([u8("a", 10), u8("big", 500), u8("none", 0), u8("b", 10)], max_shard_size=100)
+    assert shard_keys(layout) == [["a"], ["big"], ["none", "b"]]
+    assert layout.shards[2].file == "model-00003-of-00003.safetensors"
+    assert shard_keys(plan_layout([u8("big", 500)], max_shard_size=100)) == [["big"]]
+
+
+def test_layout_single_shard_uses_file_name_and_offsets_follow_the_header() -> None:
+    layout = plan_layout([u8("a", 3), OutputTensorSpec("b", "F32", (2, 2))], max_shard_size=None,
+                         file_name="drafter.safetensors")
+    (shard,) = layout.shards
+    assert shard.file == "drafter.safetensors" and layout.index_file is None
+    header_len = int.from_bytes(shard.header[:8], "little")
+    assert header_len % 8 == 0 and len(shard.header) == 8 + header_len
+    assert [p.offset for p in shard.tensors] == [len(shard.header), len(shard.header) + 3]
+    assert shard.file_nbytes == len(shard.header) + 3 + 16
+    header = json.loads(shard.header[8:])
+    assert list(header) == ["__metadata__", "a", "b"]
+    assert header["b"] == {"dtype": "F32", "shape": [2, 2], "data_offsets": [3, 19]}
+
+
+def test_layout_sharded_names_derive_from_the_file_name_stem() -> None:
+    layout = plan_layout([u8("a", 8), u8("b", 8)], max_shard_size=8, file_name="drafter.safetensors")
+    assert [s.file for s in layout.shards] == ["drafter-00001-of-00002.safetensors",
+                                                 "drafter-00002-of-00002.safetensors"]
+    assert layout.index_file == "drafter.safetensors.index.json"
+
+
+def test_layout_rejects_duplicate_and_reserved_keys_and_bad_limits() -> None:
+    with pytest.raises(PlanError, match="output tensor 'a' is produced twice"):
+        plan_layout([u8("a", 1), u8("a", 2)], max_shard_size=None)
+    with pytest.raises(PlanError, match="'__metadata__' is reserved"):
+        u8("__metadata__", 1)
+    with pytest.raises(PlanError, match="unknown dtype 'F12'"):
+        OutputTensorSpec("a", "F12", (1,))
+    with pytest.raises(UsageError, match="max_shard_size must be positive, got 0"):
+        plan_layout([u8("a", 1)], max_shard_size=0)
+    with pytest.raises(UsageError, match="must be a plain name ending in '.safetensors'"):
+        plan_layout([u8("a", 1)], max_shard_size=None, file_name="model.bin")
+
+
+# --- what gets written ----------------------------------------------------------------
+
+def test_single_file_loads_bit_exact_with_safe_open_and_load_file(tmp_path: Path) -> None:
+    tensors = sample_tensors()
+    out = tmp_path / "out"
+    write_all(out, tensors)
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    loaded = load_file(out / "model.safetensors")
+    assert set(loaded) == set(tensors)
+    for key, t in tensors.items():
+        assert loaded[key].dtype == t.dtype and loaded[key].shape == t.shape
+        assert tensor_bytes(loaded[key]) == tensor_bytes(t), key
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert set(f.keys()) == set(tensors)
+        assert tensor_bytes(f.get_tensor("fc.weight")) == tensor_bytes(tensors["fc.weight"])
+        assert torch.equal(f.get_slice("d2t")[2:4], tensors["d2t"][2:4])
+
+
+def test_sharded_output_has_a_correct_index_and_every_shard_loads(tmp_path: Path) -> None:
+    tensors = sample_tensors()
+    out = tmp_path / "out"
+    layout, _ = write_all(out, tensors, max_shard_size=64)
+    assert len(layout.shards) > 2
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    expected_files = {p.name for p in out.glob("*.safetensors")}
+    assert index["metadata"] == {"total_size": sum(len(tensor_bytes(t)) for t in tensors.values())}
+    assert set(index["weight_map"]) == set(tensors)
+    assert set(index["weight_map"].values()) == expected_files
+    for key, t in tensors.items():
+        with safe_open(out / index["weight_map"][key], "pt") as f:
+            assert tensor_bytes(f.get_tensor(key)) == tensor_bytes(t), key
+    for shard in layout.shards:
+        assert (out / shard.file).stat().st_size == shard.file_nbytes
+        assert sum(t.nbytes for t in load_file(out / shard.file).values()) <= max(
+            64, max(p.nbytes for p in shard.tensors))
+
+
+def test_empty_layout_writes_a_loadable_file(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_all(out, {})
+    assert load_file(out / "model.safetensors") == {}
+
+
+def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_path: Path) -> None:
+    big = os.urandom(5 * MiB + 123)
+    layout = plan_layout([u8("big", len(big)), u8("reused", len(big))], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout) as shards:
+            # large chunks go to the hashing thread, the odd small one is hashed inline
+            shards.write("big", big[: 2 * MiB])
+            shards.write("big", memoryview(big)[2 * MiB : 2 * MiB + 100])
+            shards.write("big", big[2 * MiB + 100 :])
+            assert shards.finish_tensor("big") == hashlib.sha256(big).hexdigest()
+            # a writable buffer refilled after each write must still hash what was written
+            buf = bytearray(2 * MiB)
+            for i in range(0, len(big), len(buf)):
+                n = min(len(buf), len(big) - i)
+                buf[:n] = big[i : i + n]
+                shards.write("reused", memoryview(buf)[:n])
+                buf[:] = b"\xff" * len(buf)
+            assert shards.finish_tensor("reused") == hashlib.sha256(big).hexdigest()
+            assert shards.bytes_written == 2 * len(big)
+        od.commit()
+    data = (tmp_path / "out" / "model.safetensors").read_bytes()
+    start = layout.placement("big").offset
+    assert data[start : start + len(big)] == big
+    assert data[start + len(big) :] == big
+
+
+def test_write_json_puts_config_next_to_the_weights_and_refuses_weight_names(tmp_path: Path) -> None:
+    layout = plan_layout([], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout) as shards:
+            shards.write_json("config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+            with pytest.raises(UsageError, match="cannot write 'model.safetensors' into the output"):
+                shards.write_json("model.safetensors", {})
+        od.commit()
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {
+        "architectures": ["LlamaForCausalLMEagle3"]}
+
+
+# --- missing and extra bytes ----------------------------------------------------------
+
+def test_short_write_is_detected_by_finish_tensor(tmp_path: Path) -> None:
+    layout = plan_layout([OutputTensorSpec("lm_head.weight", "BF16", (4, 8))], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od, ShardWriter(od, layout) as shards:
+        shards.write("lm_head.weight", bytes(60))
+        with pytest.raises(OutputError) as err:
+            shards.finish_tensor("lm_head.weight")
+        assert str(err.value) == "tensor 'lm_head.weight': wrote 60 bytes, expected 64 (BF16 [4, 8])"
+        assert err.value.key == "lm_head.weight"
+        shards.write("lm_head.weight", bytes(4))
+        shards.finish_tensor("lm_head.weight")
+
+
+def test_write_past_the_end_is_refused_before_touching_the_next_tensor(tmp_path: Path) -> None:
+    layout = plan_layout([u8("a", 4), u8("b", 4)], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout) as shards:
+            shards.write("b", b"BBBB")
+            shards.write("a", b"AAA")
+            with pytest.raises(OutputError, match=r"tensor 'a': got 5 bytes, expected 4 \(U8 \[4\]\)"):
+                shards.write("a", b"AA")
+            shards.write("a", b"A")
+            shards.finish_tensor("a")
+            shards.finish_tensor("b")
+        od.commit()
+    assert load_file(tmp_path / "out" / "model.safetensors")["b"].tolist() == list(b"BBBB")
+
+
+def test_a_tensor_never_written_fails_close_and_leaves_no_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    layout = plan_layout([u8("fc.weight", 4), u8("norm.weight", 4), u8("lm_head.weight", 8)],
+                         max_shard_size=None)
+    with pytest.raises(OutputError) as err:
+        with OutputDir(out) as od:
+            with ShardWriter(od, layout) as shards:
+                shards.write("fc.weight", bytes(4))
+                shards.finish_tensor("fc.weight")
+                shards.write("lm_head.weight", bytes(3))
+            od.commit()
+    assert str(err.value) == (
+        "2 output tensor(s) were not written completely: 'lm_head.weight', 'norm.weight' "
+        "('lm_head.weight' 3 of 8 bytes; 'norm.weight' 0 of 4 bytes); this is a bug in the "
+        "executor, please report it")
+    assert not out.exists() and siblings(out) == []
+
+
+def test_writing_an_unknown_key_names_it(tmp_path: Path) -> None:
+    layout = plan_layout([u8("a", 1)], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od, ShardWriter(od, layout) as shards:
+        with pytest.raises(OutputError, match=r"tensor 'lm_head' is not in the output layout"):
+            shards.write("lm_head", b"x")
+        shards.write("a", b"x")
+        shards.finish_tensor("a")
+
+
+# --- the atomic directory -------------------------------------------------------------
+
+def test_exception_inside_leaves_no_output_no_temporary_and_no_lock(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    layout = plan_layout([u8("a", 4)], max_shard_size=None)
+    with pytest.raises(RuntimeError, match="boom"):
+        with OutputDir(out) as od, ShardWriter(od, layout) as shards:
+            shards.write("a", b"ab")
+            assert od.tmp_path.is_dir() and (od.tmp_path / "model.safetensors").exists()
+            raise RuntimeError("boom")
+    assert not out.exists()
+    assert siblings(out) == []
+
+
+def test_leaving_without_commit_discards_the_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with OutputDir(out) as od:
+        (od.tmp_path / "x").write_text("x")
+    assert not out.exists() and siblings(out) == []
+
+
+def test_existing_output_is_refused_without_force_and_left_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    with pytest.raises(OutputError) as err:
+        OutputDir(out).__enter__()
+    assert str(err.value) == f"'{out}' already exists; pass --force to replace it"
+    assert (out / "precious.txt").read_text() == "keep me"
+    assert siblings(out) == []
+
+
+def test_force_replaces_the_old_output_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    write_all(out, {"old.a": torch.ones(3), "old.b": torch.ones(3)}, max_shard_size=12)
+    assert len(list(out.glob("model-0000?-of-00002.safetensors"))) == 2
+    (out / "stray.txt").write_text("from the old run")
+    tensors = sample_tensors()
+    write_all(out, tensors, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
+    loaded = load_file(out / "model.safetensors")
+    assert {k: tensor_bytes(v) for k, v in loaded.items()} == {k: tensor_bytes(t) for k, t in tensors.items()}
+    assert siblings(out) == []
+
+
+def test_force_refuses_to_replace_a_directory_holding_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "project"
+    (out / "sub").mkdir(parents=True)
+    monkeypatch.chdir(out / "sub")
+    with pytest.raises(OutputError, match="it contains the current directory; choose another --out"):
+        OutputDir(out, force=True).__enter__()
+    assert (out / "sub").is_dir()
+
+
+def test_output_created_by_someone_else_meanwhile_is_not_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match="already exists; pass --force to replace it"):
+        with OutputDir(out) as od:
+            (od.tmp_path / "new").write_text("new")
+            out.mkdir()
+            (out / "theirs").write_text("theirs")
+            od.commit()
+    assert [p.name for p in out.iterdir()] == ["theirs"]
+    assert siblings(out) == []
+
+
+def test_stale_temporaries_of_dead_runs_are_removed_and_reported(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pid = dead_pid()
+    stale = tmp_path / f".out.ckptxform-tmp-{pid}"
+    (stale / "deep").mkdir(parents=True)
+    (stale / "deep" / "model.safetensors").write_bytes(b"partial")
+    live = tmp_path / f".out.ckptxform-tmp-{os.getppid()}"  # a live process other than us
+    live.mkdir()
+    other = tmp_path / f".other.ckptxform-tmp-{pid}"  # belongs to another OUT
+    other.mkdir()
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m).strip()), format="{message}")
+    try:
+        with OutputDir(out) as od:
+            assert od.stale_removed == (stale,)
+            od.commit()
+    finally:
+        logger.remove(sink)
+    assert not stale.exists() and live.exists() and other.exists()
+    assert f"removed {stale} left by a killed ckptxform run (pid {pid})" in messages
+
+
+def test_an_interrupted_replacement_keeps_the_old_output_when_out_is_missing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    aside = tmp_path / f".out.ckptxform-old-{dead_pid()}.0badc0de"
+    aside.mkdir()
+    with OutputDir(out) as od:
+        assert od.stale_removed == ()
+    assert aside.exists()
+
+
+LOCK_HOLDER = """
+    import sys
+    from ckptxform.engine.writer import OutputDir
+    with OutputDir(sys.argv[1]):
+        print("locked", flush=True)
+        sys.stdin.read()
+"""
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_lock_is_held(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOCK_HOLDER), str(out)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(OutputError) as err:
+            OutputDir(out).__enter__()
+        assert str(err.value) == (f"another ckptxform apply is writing to '{out}' (lock held by "
+                                  f"pid {holder.pid}); wait for it or choose another --out")
+        # the refused run must not have touched the holder's temporary directory
+        assert (tmp_path / f".out.ckptxform-tmp-{holder.pid}").is_dir()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with OutputDir(out) as od:
+        od.commit()
+    assert out.is_dir() and siblings(out) == []
+
+
+# --- I/O errors -----------------------------------------------------------------------
+
+WRITE_4MIB = """
+    import resource, signal, sys
+    from pathlib import Path
+    from ckptxform.engine.writer import OutputDir, OutputTensorSpec, ShardWriter, plan_layout
+    from ckptxform.errors import OutputError
+    if len(sys.argv) > 2:
+        # CPython ignores SIGXFSZ at startup; restore the default an embedding host may
+        # have, so that only the writer's own SIG_IGN keeps the process alive
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+    layout = plan_layout([OutputTensorSpec("w", "U8", (4 << 20,))], max_shard_size=None)
+    try:
+        with OutputDir(Path(sys.argv[1])) as od:
+            with ShardWriter(od, layout) as shards:
+                for _ in range(4):
+                    shards.write("w", bytes(1 << 20))
+                shards.finish_tensor("w")
+            od.commit()
+    except OutputError as err:
+        print(err)
+        sys.exit(3)
+"""
+
+
+def test_file_size_limit_gives_a_clean_error_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_script(WRITE_4MIB, str(out), str(1 << 20))
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.strip() == (
+        f"writing '{out}/model.safetensors' failed: File too large; raise the file size limit "
+        "(ulimit -f) or set a smaller output.max_shard_size")
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and siblings(out) == []
+
+
+def test_full_disk_gives_a_clean_error_and_leaves_nothing(tmp_path: Path) -> None:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare to mount a 1 MiB tmpfs")
+    script = textwrap.dedent(WRITE_4MIB)
+    # A private mount namespace: the 1 MiB tmpfs is visible only to this shell.
+    shell = ('mount -t tmpfs -o size=1m tmpfs "$1" || exit 99; '
+             '"$2" -c "$3" "$1/out"; rc=$?; ls -A "$1"; exit $rc')
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell,
+                             "sh", str(mnt), sys.executable, script],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode == 99 or "unshare" in result.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    assert result.returncode == 3, result.stderr
+    message, *left = result.stdout.strip().splitlines()
+    assert message == (f"writing '{mnt}/out/model.safetensors' failed: No space left on device; "
+                       "free space or choose another --out")
+    assert left == []  # no OUT, no temporary directory, no lock file
