@@ -194,3 +194,19 @@ def demo(out: str | None, force: bool) -> None:
     click.echo(f"\n$ ckptxform apply ... --out {d.result.out}")
     click.echo(report.apply_text(d.result))
     click.echo(f"\nnext: ckptxform inspect {d.result.out}   |   less {d.result.audit_path}")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_reports_errors
+def verify(out: str, as_json: bool) -> None:
+    """Re-read every tensor of OUT and check it against OUT's audit log (sha256, shapes, index, config)."""
+    from .verify import verify as check
+
+    result = check(out)
+    if as_json:
+        click.echo(json.dumps({"status": "ok", "out": str(result.out), "tensors": result.tensors,
+                               "bytes_checked": result.bytes_checked}))
+    else:
+        click.echo(f"{result.out}: {result.tensors} tensors verified ({result.bytes_checked:,} bytes)")

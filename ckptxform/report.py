@@ -68,6 +68,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 
 def apply_text(result: ApplyResult) -> str:
+    if result.up_to_date:
+        return (f"{result.out} is up to date (same rules, same source weights, verified); nothing written\n"
+                f"audit: {result.audit_path}")
     files = sorted({w.file for w in result.written})
     lines = [f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
              f"in {len(files)} file{'s' if len(files) != 1 else ''}",
@@ -78,7 +81,7 @@ def apply_text(result: ApplyResult) -> str:
 
 
 def apply_json(result: ApplyResult) -> dict[str, Any]:
-    return {"status": "ok", "out": str(result.out), "audit": str(result.audit_path),
+    return {"status": "up_to_date" if result.up_to_date else "ok", "out": str(result.out), "audit": str(result.audit_path),
             "bytes_written": result.bytes_written, "tensors": result.plan.counts(),
             "written": [w.to_event() for w in result.written]}
 

@@ -62,8 +62,10 @@ def test_audit_run_event(headline: HeadlineStandins, headline_rule: Path, headli
     assert run["event"] == "run"
     assert run["rules"] == str(headline_rule)
     assert run["rules_sha256"] == hashlib.sha256(headline_rule.read_bytes()).hexdigest()
-    assert run["sources"] == {name: {"location": loc, "revision": None, "commit": None}
-                              for name, loc in headline.sources.items()}
+    assert {n: {k: v for k, v in s.items() if k != "fingerprint"} for n, s in run["sources"].items()} == {
+        name: {"location": loc, "revision": None, "commit": None} for name, loc in headline.sources.items()}
+    # local sources: a digest of each weight file's name, size and mtime identifies the weights
+    assert all(len(s["fingerprint"]) == 64 for s in run["sources"].values())
     assert run["version"] == ckptxform.__version__
     started = datetime.fromisoformat(run["started"])
     assert started.tzinfo is not None

@@ -7,14 +7,18 @@ torch). The output appears whole (renamed from a temporary sibling) or not at al
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from ..dtypes import DTYPE_SIZES
-from ..errors import PlanError
+from ..errors import CkptxformError, PlanError
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
@@ -48,6 +52,8 @@ class ApplyResult:
     audit_path: Path
     bytes_written: int
     stale_removed: tuple[Path, ...] = ()
+    #: True when ``out`` already held this exact conversion and nothing was written
+    up_to_date: bool = False
 
 
 Producer = Callable[[OutputPlan, Plan], Iterator[bytes | bytearray | memoryview]]
@@ -198,6 +204,10 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
     if progress is None:
         progress = sys.stderr.isatty()
     written: list[WrittenTensor] = []
+    if not force and os.path.lexists(out):
+        previous = _previous_run(plan, Path(out))
+        if previous is not None:
+            return previous
     with OutputDir(out, force=force) as odir:
         audit = AuditLog(odir.tmp_path / AUDIT_FILE)
         try:
@@ -218,8 +228,10 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                     sha = writer.finish_tensor(o.key)
                     item = WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin())
                     written.append(item)
+                config_sha256 = None
                 if plan.config is not None:
-                    writer.write_json("config.json", plan.config)
+                    config_path = writer.write_json("config.json", plan.config)
+                    config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
                 bytes_written = writer.bytes_written
             if bar is not None:
                 bar.close()
@@ -227,13 +239,37 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                 audit.event(item.to_event())
             audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(),
                          "written": len(written), "bytes_written": bytes_written,
-                         "files": [s.file for s in layout.shards], "warnings": list(plan.warnings)})
+                         "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
+                         "warnings": list(plan.warnings)})
         finally:
             audit.close()
         final = odir.commit()
     return ApplyResult(out=final, plan=plan, written=tuple(sorted(written, key=lambda w: w.key)),
                        audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
                        stale_removed=odir.stale_removed)
+
+
+def _previous_run(plan: Plan, out: Path) -> ApplyResult | None:
+    """The result already in ``out`` when it was made from the same rules and the same
+    source weights and still verifies; None otherwise (OutputDir then refuses to replace it)."""
+    from ..verify import read_audit, verify
+
+    try:
+        events = read_audit(out)
+        run = events[0] if events and events[0].get("event") == "run" else {}
+        same_sources = {n: (s.commit, s.fingerprint) for n, s in plan.sources.items()} == {
+            n: (s.get("commit"), s.get("fingerprint")) for n, s in run.get("sources", {}).items()}
+        if run.get("rules_sha256") != plan.rules.sha256 or not same_sources:
+            return None
+        verify(out)
+    except CkptxformError:
+        return None
+    written = tuple(WrittenTensor(e["key"], e["file"], tuple(e["shape"]), e["dtype"], e["sha256"], e["from"])
+                    for e in events if e.get("event") == "written")
+    logger.info("{} is up to date: made from the same rules and source weights, and it verifies; "
+                "nothing to do (pass --force to rewrite it)", out)
+    return ApplyResult(out=out, plan=plan, written=written, audit_path=out / AUDIT_FILE,
+                       bytes_written=0, up_to_date=True)
 
 
 def _prefetch(plan: Plan) -> None:

@@ -107,7 +107,8 @@ class _Planner:
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
         sources = {
-            name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit)
+            name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
+                               fingerprint=ckpt.fingerprint())
             for name, ckpt in self.ckpts.items()
         }
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),

@@ -7,7 +7,7 @@ keeps a registry from recipe type to the function that streams its bytes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..dtypes import nbytes
@@ -121,8 +121,9 @@ class SourceRecord:
     location: str
     revision: str | None
     commit: str | None
-    opened: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    fingerprint: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"location": self.location, "revision": self.revision, "commit": self.commit}
+        return {"location": self.location, "revision": self.revision, "commit": self.commit,
+                "fingerprint": self.fingerprint}

@@ -7,6 +7,7 @@ and Hub repos all implement it, so the planner never knows where bytes come from
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,20 @@ class Checkpoint(ABC):
     def tensors_of_file(self, file: str) -> list[TensorInfo]:
         """Every tensor stored in ``file`` (its header is read if it was not yet)."""
         return [info for info in self.tensors.values() if info.file == file]
+
+    def fingerprint(self) -> str | None:
+        """What identifies these exact weights for a rerun: the commit of a Hub source;
+        for local files, a digest of each weight file's name, size and mtime."""
+        if self.commit is not None:
+            return self.commit
+        digest = hashlib.sha256()
+        for file in sorted(self.files):
+            path = self.local_path(file)
+            if path is None:
+                return None
+            stat = path.stat()
+            digest.update(f"{file}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        return digest.hexdigest()
 
     def local_path(self, file: str) -> Path | None:
         """A local path holding ``file``'s exact bytes (for streaming copies), or None."""

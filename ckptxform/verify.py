@@ -1,0 +1,141 @@
+"""``ckptxform verify OUT``: re-read every output tensor and check it against the audit log.
+
+Checks that the audit log is complete (``summary`` with status ok), that the weight files
+hold exactly the tensors the audit lists with their shapes and dtypes, that every
+tensor's bytes hash to the recorded sha256, that the shard index maps each key to the
+file the audit names, and that config.json is the one written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engine.audit import AUDIT_FILE
+from .errors import CkptxformError, VerifyError
+from .sources.safetensors_header import read_header
+
+_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    out: Path
+    tensors: int
+    bytes_checked: int
+
+
+def read_audit(out: Path) -> list[dict[str, Any]]:
+    """The events of ``out``'s audit log; a missing or unreadable log is a VerifyError."""
+    path = out / AUDIT_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise VerifyError(f"{path}: no audit log; {str(out)!r} was not written by ckptxform apply",
+                          path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise VerifyError(f"{path}: cannot read the audit log: {err}", path=str(path)) from None
+    events = []
+    for number, line in enumerate(lines, 1):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise VerifyError(f"{path}:{number}: not JSON ({err.msg}); the audit log is damaged",
+                              path=str(path), line=number) from None
+        if not isinstance(event, dict) or "event" not in event:
+            raise VerifyError(f"{path}:{number}: not an audit event", path=str(path), line=number)
+        events.append(event)
+    return events
+
+
+def verify(out: str | os.PathLike[str]) -> VerifyResult:
+    """Check ``out`` against its audit log; raise VerifyError listing every problem.
+
+    >>> verify("kimi-k25-drafter").tensors   # doctest: +SKIP
+    15
+    """
+    root = Path(out)
+    if not root.is_dir():
+        raise VerifyError(f"{str(root)!r} is not a directory; give the --out of an apply", path=str(root))
+    events = read_audit(root)
+    summary = events[-1] if events else {}
+    if summary.get("event") != "summary" or summary.get("status") != "ok":
+        raise VerifyError(f"{root / AUDIT_FILE}: the audit log has no successful summary; the run that "
+                          "wrote it did not finish: rerun apply with --force")
+    written = {e["key"]: e for e in events if e.get("event") == "written"}
+    problems: list[str] = []
+    on_disk: dict[str, tuple[str, dict[str, Any]]] = {}
+    files = sorted({e["file"] for e in written.values()})
+    checked = 0
+    for file in files:
+        path = root / file
+        try:
+            size = path.stat().st_size
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as err:
+            problems.append(f"{path}: {err.strerror}; the output is incomplete")
+            continue
+        try:
+            infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=size,
+                                   label=str(path))
+            for info in infos:
+                entry = written.get(info.key)
+                if entry is None:
+                    problems.append(f"{path}: tensor {info.key!r} is not in the audit log")
+                    continue
+                on_disk[info.key] = (file, entry)
+                if entry["file"] != file:
+                    problems.append(f"{path}: tensor {info.key!r} is in {file}, the audit says {entry['file']}")
+                if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
+                    problems.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
+                                    f"says {entry['dtype']} {entry['shape']}")
+                digest = hashlib.sha256()
+                for start in range(0, info.nbytes, _CHUNK):
+                    digest.update(os.pread(fd, min(_CHUNK, info.nbytes - start), info.offset + start))
+                checked += info.nbytes
+                if digest.hexdigest() != entry["sha256"]:
+                    problems.append(f"{path}: tensor {info.key!r}: sha256 {digest.hexdigest()[:12]}... differs from "
+                                    f"the audit's {entry['sha256'][:12]}...; its bytes were changed after apply")
+        except CkptxformError as err:
+            problems.append(str(err))
+        finally:
+            os.close(fd)
+    missing = sorted(set(written) - set(on_disk))
+    problems += [f"{root}: tensor {key!r} (audit: {written[key]['file']}) is missing" for key in missing]
+    problems += _check_index(root, written)
+    problems += _check_config(root, summary)
+    if problems:
+        raise VerifyError("\n".join(problems), path=str(root))
+    return VerifyResult(root, len(written), checked)
+
+
+def _check_index(root: Path, written: dict[str, dict[str, Any]]) -> list[str]:
+    index = root / "model.safetensors.index.json"
+    files = {e["file"] for e in written.values()}
+    if not index.exists():
+        return [f"{index}: missing; the output has {len(files)} shards"] if len(files) > 1 else []
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"{index}: unreadable ({err})"]
+    expected = {k: e["file"] for k, e in written.items()}
+    if weight_map != expected:
+        wrong = sorted(k for k in set(weight_map) | set(expected) if weight_map.get(k) != expected.get(k))
+        return [f"{index}: weight_map disagrees with the audit for {len(wrong)} key(s), e.g. {wrong[0]!r}"]
+    return []
+
+
+def _check_config(root: Path, summary: dict[str, Any]) -> list[str]:
+    recorded = summary.get("config_sha256")
+    path = root / "config.json"
+    if recorded is None:
+        return [f"{path}: present but the audit records no config"] if path.exists() else []
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        return [f"{path}: {err.strerror}"]
+    return [] if digest == recorded else [f"{path}: changed after apply (sha256 differs from the audit)"]
