@@ -49,11 +49,14 @@ def apply(
     sources: Mapping[str, str] | None = None,
     force: bool = False,
     progress: bool | None = None,
+    fsync: bool = True,
 ) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
     Every assertion is checked before any weight byte is read; the output directory
     appears whole or not at all; an existing ``out`` is replaced only with ``force``.
+    ``fsync=False`` skips flushing to disk before the final rename: a killed process still
+    leaves OUT whole or absent, a power loss may not.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
     ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
@@ -62,6 +65,6 @@ def apply(
     """
     the_plan = plan(rules, sources=sources)
     try:
-        return execute(the_plan, Path(out), force=force, progress=progress)
+        return execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync)
     finally:
         the_plan.close()

@@ -120,13 +120,15 @@ def plan(rules: str, sources: tuple[str, ...], as_json: bool) -> None:
 @_source_option
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--no-fsync", is_flag=True,
+              help="Do not flush OUT to disk before renaming it into place (faster; a power loss may lose it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_reports_errors
-def apply(rules: str, sources: tuple[str, ...], out: str, force: bool, as_json: bool) -> None:
+def apply(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api, report
 
-    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force)
+    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync)
     click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result))
 
 

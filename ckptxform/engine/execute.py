@@ -68,6 +68,17 @@ def _copy(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryvie
         yield ckpt.read(info, start, min(CHUNK_BYTES, info.nbytes - start))
 
 
+def _local_file(out: OutputPlan, plan: Plan) -> tuple[Path, int, int] | None:
+    """(path, offset, length) when ``out`` is a verbatim copy of bytes in a local file."""
+    recipe = out.recipe
+    if not isinstance(recipe, CopyTensor) or out.dtype != out.input_dtype:
+        return None
+    ckpt = plan.checkpoints[recipe.source]
+    info = ckpt.tensors[recipe.key]
+    path = ckpt.local_path(info.file)
+    return None if path is None or info.offset < 0 else (path, info.offset, info.nbytes)
+
+
 def _gather(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryview]:
     recipe = out.recipe
     assert isinstance(recipe, GatherRows)
@@ -195,7 +206,8 @@ def _execution_order(plan: Plan) -> list[OutputPlan]:
     return sorted(plan.outputs, key=key)
 
 
-def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None) -> ApplyResult:
+def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None,
+            fsync: bool = True) -> ApplyResult:
     """Write the planned output to ``out`` with its audit log; see ``ckptxform.apply``."""
     started = started_now()
     layout = plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
@@ -208,7 +220,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
         previous = _previous_run(plan, Path(out))
         if previous is not None:
             return previous
-    with OutputDir(out, force=force) as odir:
+    with OutputDir(out, force=force, fsync=fsync) as odir:
         audit = AuditLog(odir.tmp_path / AUDIT_FILE)
         try:
             audit.event(run_event(plan, started))
@@ -218,6 +230,17 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             bar = _progress_bar(layout.total_bytes, progress)
             with ShardWriter(odir, layout) as writer:
                 for o in _execution_order(plan):
+                    local = _local_file(o, plan)
+                    if local is not None:
+                        # a verbatim copy from disk never passes through Python memory
+                        with open(local[0], "rb") as src:
+                            writer.copy_from(o.key, src.fileno(), local[1], local[2])
+                            sha = writer.finish_tensor(o.key)
+                        if bar is not None:
+                            bar.update(local[2])
+                        written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
+                                                     sha, o.origin()))
+                        continue
                     chunks = PRODUCERS[type(o.recipe)](o, plan)
                     if o.dtype != o.input_dtype:
                         chunks = _cast_stream(chunks, o.input_dtype, o.dtype)

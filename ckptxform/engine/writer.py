@@ -278,9 +278,12 @@ class OutputDir:
     removes ``tmp_path``, so a failed run leaves OUT as it was.
     """
 
-    def __init__(self, out: Path | str, *, force: bool = False) -> None:
+    def __init__(self, out: Path | str, *, force: bool = False, fsync: bool = True) -> None:
         self.out = Path(os.path.abspath(out))  # abspath, not resolve: a symlink OUT is the entry
         self.force = force
+        #: flush to disk before the rename, so that OUT survives a power loss whole, not
+        #: only a killed process (which the rename alone covers)
+        self.fsync = fsync
         name = self.out.name
         if not name or name in (".", ".."):
             raise UsageError(f"--out {str(out)!r} must name a directory to create")
@@ -322,7 +325,7 @@ class OutputDir:
         if self.committed:
             return self.out
         try:
-            for root, _dirs, files in os.walk(self.tmp_path):
+            for root, _dirs, files in os.walk(self.tmp_path) if self.fsync else ():
                 for name in files:
                     _fsync_path(Path(root, name))
                 _fsync_path(Path(root), directory=True)
@@ -444,6 +447,44 @@ class OutputDir:
         self._lock_fd = None
 
 
+_HASH_BLOCK = 8 << 20
+_hash_buffers = threading.local()
+
+
+def _hash_range(sha: Any, fd: int, offset: int, length: int) -> None:
+    """Feed ``length`` bytes of ``fd`` from ``offset`` to ``sha`` through one reused buffer."""
+    buf = getattr(_hash_buffers, "buf", None)
+    if buf is None:
+        buf = _hash_buffers.buf = bytearray(_HASH_BLOCK)
+    view = memoryview(buf)
+    while length:
+        n = os.preadv(fd, [view[: min(length, _HASH_BLOCK)]], offset)
+        if n <= 0:
+            raise OSError(errno.EIO, "source file ended before the tensor did (was it truncated?)")
+        sha.update(view[:n])
+        offset += n
+        length -= n
+
+
+def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: int) -> None:
+    """Copy bytes between files in the kernel; plain reads and writes where it cannot."""
+    while length:
+        try:
+            n = os.copy_file_range(src, dst, length, src_offset, dst_offset)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            n = 0
+        if n == 0:  # not supported here (or EOF): copy the rest through a buffer
+            block = os.pread(src, min(length, _HASH_BLOCK), src_offset)
+            if not block:
+                raise OSError(errno.EIO, "source file ended before the tensor did (was it truncated?)")
+            n = os.pwrite(dst, block, dst_offset)
+        src_offset += n
+        dst_offset += n
+        length -= n
+
+
 class _TensorState:
     __slots__ = ("placement", "written", "sha", "finished", "digest")
 
@@ -529,6 +570,26 @@ class ShardWriter:
         self.bytes_written += size
         # a writable buffer may be refilled by the caller as soon as we return
         self._drain(_HASH_PIPELINE_DEPTH if view.readonly else 0)
+
+    def copy_from(self, key: str, src_fd: int, src_offset: int, length: int) -> None:
+        """Write the next ``length`` bytes of tensor ``key`` by copying them from ``src_fd``
+        at ``src_offset`` inside the kernel (``copy_file_range``: no trip through Python
+        memory, as ``cp`` does). The same range is hashed from the source's page cache on
+        the hash thread meanwhile."""
+        state = self._state(key)
+        place = state.placement
+        if state.written + length > place.nbytes:
+            raise OutputError(f"tensor {key!r}: got {state.written + length} bytes, expected "
+                              f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
+        assert self._pool is not None
+        self._pending.append(self._pool.submit(_hash_range, state.sha, src_fd, src_offset, length))
+        dst_fd, dst_offset = self._fds[place.file], place.offset + state.written
+        try:
+            _copy_range(src_fd, src_offset, dst_fd, dst_offset, length)
+        except OSError as err:
+            raise self._error(place.file, err) from None
+        state.written += length
+        self.bytes_written += length
 
     def finish_tensor(self, key: str) -> str:
         """Check that all of tensor ``key`` was written; return its sha256 (hex)."""
