@@ -1,0 +1,283 @@
+"""ckptxform benchmark: wall time and peak RSS against `cp -r` and a naive load-everything script.
+
+    python benchmarks/bench.py                  # 2 GB drafter, 3 repetitions
+    python benchmarks/bench.py --size 200MB --reps 1 --skip-tb   # a quick smoke run
+
+Every command runs in its own process; peak RSS is that process's ru_maxrss (os.wait4).
+Runs alternate between the contenders, the source files are read once first so every
+contender starts from a warm page cache, and the median of the repetitions is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from synthetic import build_benchmark_sources, build_sparse_verifier, write_safetensors, Tensor  # noqa: E402
+
+REPO = HERE.parent
+HEADLINE = REPO / "rules" / "aqmedai_k2_to_k25.yaml"
+PY = sys.executable
+
+RENAME_RULE = """version: 1
+name: rename-only
+sources: {drafter: {path: unused}}
+convert: drafter
+tensors:
+  - match: 'midlayer\\.(.+)'
+    rename: 'layers.0.\\1'
+  - match: '.*'
+"""
+
+NAIVE_RENAME = r"""
+import json, os, sys
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+index = json.load(open(os.path.join(src, "model.safetensors.index.json")))
+weight_map = {}
+for shard in sorted(set(index["weight_map"].values())):
+    tensors = load_file(os.path.join(src, shard))
+    out = {k.replace("midlayer.", "layers.0.", 1): v for k, v in tensors.items()}
+    save_file(out, os.path.join(dst, shard), metadata={"format": "pt"})
+    weight_map.update({k: shard for k in out})
+json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+"""
+
+NAIVE_HEADLINE = r"""
+import json, os, sys, torch
+from safetensors.torch import load_file, save_file
+drafter, target, verifier, dst = sys.argv[1:5]
+os.makedirs(dst)
+index = json.load(open(os.path.join(drafter, "model.safetensors.index.json")))
+tensors = {}
+for shard in sorted(set(index["weight_map"].values())):
+    tensors.update(load_file(os.path.join(drafter, shard)))
+vindex = json.load(open(os.path.join(verifier, "model.safetensors.index.json")))
+vshard = load_file(os.path.join(verifier, vindex["weight_map"]["language_model.lm_head.weight"]))
+full = vshard["language_model.lm_head.weight"]
+tv = load_file(os.path.join(target, "model.safetensors"))
+ids_a = tensors["d2t"] + torch.arange(len(tensors["d2t"]))
+ids_b = tv["d2t"] + torch.arange(len(tv["d2t"]))
+pos = {int(t): i for i, t in enumerate(ids_a)}
+rows = [full[int(t)] if int(t) not in pos else tensors["lm_head.weight"][pos[int(t)]] for t in ids_b]
+out = {k.replace("midlayer.", "layers.0.", 1): v for k, v in tensors.items()}
+out["lm_head.weight"] = torch.stack(rows)
+out["d2t"], out["t2d"] = tv["d2t"], tv["t2d"]
+save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+"""
+
+
+@dataclass
+class Result:
+    name: str
+    walls: list[float]
+    rss: list[int]
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+    @property
+    def peak_mb(self) -> float:
+        return max(self.rss) / 1024
+
+
+def measure(argv: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of one command. GNU time reports the RSS: a child
+    forked from this Python process would count the parent's pages as its own."""
+    with tempfile.NamedTemporaryFile("r") as rss_file:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *argv],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode()}")
+        return wall, int(rss_file.read().split()[-1])
+
+
+def warm(path: Path) -> None:
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                while fh.read(1 << 24):
+                    pass
+
+
+def parse_size(text: str) -> int:
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    for unit, factor in units.items():
+        if text.upper().endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Path, reps: int) -> dict[str, Result]:
+    results = {name: Result(name, [], []) for name in contenders}
+    for rep in range(reps):
+        order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            out = work / f"out-{name.replace(' ', '_')}"
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"], check=True)
+            wall, rss = measure(contenders[name](out))
+            results[name].walls.append(wall)
+            results[name].rss.append(rss)
+            shutil.rmtree(out, ignore_errors=True)
+    return results
+
+
+def io_probe(args: list[str]) -> dict[str, float]:
+    """Run ckptxform's CLI in-process in a child and report its bytes read (rchar) and wall."""
+    code = (
+        "import sys, time; from ckptxform.cli import main\n"
+        "def rchar():\n"
+        "    return int(dict(l.split(': ') for l in open('/proc/self/io').read().splitlines())['rchar'])\n"
+        "r0 = rchar(); t0 = time.perf_counter()\n"
+        f"try:\n    main({args!r}, standalone_mode=False)\n"
+        "finally:\n"
+        "    print('PROBE', rchar() - r0, time.perf_counter() - t0, file=sys.stderr)\n"
+    )
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True)
+    line = next((l for l in proc.stderr.splitlines() if l.startswith("PROBE")), None)
+    if proc.returncode != 0 or line is None:
+        raise SystemExit(f"ckptxform {' '.join(args)} failed: {proc.stderr}")
+    _, read, wall = line.split()
+    return {"read_bytes": int(read), "wall": float(wall)}
+
+
+def tb_scenario(work: Path, *, small: bool = False) -> dict[str, float]:
+    """A ~1 TB verifier of 61 sparse shards: plan and apply the headline rule against it
+    (``small``: 10 GB and tiny dimensions, for the smoke test)."""
+    from ckptxform.standins import make_draft_vocab
+    from synthetic import _vocab_tensors
+
+    hidden, vocab, draft = (256, 8192, 2048) if small else (7168, 163840, 32000)
+    apparent_target = 10 * 10**9 if small else 1 << 40
+    ids_a = make_draft_vocab(vocab, draft, seed=1)
+    ids_b = make_draft_vocab(vocab, draft, seed=2)
+    missing = sorted(set(ids_b) - set(ids_a))
+    root = work / "tb"
+    verifier = build_sparse_verifier(root / "verifier", hidden=hidden, vocab=vocab, rows=missing,
+                                     apparent_bytes=apparent_target)
+    apparent = sum(f.stat().st_size for f in verifier.iterdir())
+    drafter = root / "drafter"
+    drafter.mkdir(parents=True)
+    from synthetic import Dims, _drafter_tensors, native_config
+    d = Dims(hidden=hidden, inter=hidden * 18432 // 7168, draft_vocab=draft, vocab=vocab)
+    tensors = _drafter_tensors(d, ids_a)
+    write_safetensors(drafter / "model.safetensors", tensors, sparse=True,
+                      real_ranges=[])
+    # the vocab maps must be real bytes: rewrite them over the sparse file
+    _overwrite_vocab(drafter / "model.safetensors", _vocab_tensors(ids_a, vocab))
+    (drafter / "config.json").write_text(json.dumps(native_config(d)))
+    target = root / "target_vocab"
+    target.mkdir()
+    write_safetensors(target / "model.safetensors", _vocab_tensors(ids_b, vocab))
+    sources = ["--source", f"drafter={drafter}", "--source", f"target_vocab={target}",
+               "--source", f"verifier={verifier}"]
+    plan = io_probe(["plan", str(HEADLINE), *sources, "--json"])
+    out = root / "out"
+    apply = io_probe(["apply", str(HEADLINE), *sources, "--out", str(out), "--no-fsync"])
+    drafter_bytes = sum(t.nbytes for t in tensors)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"apparent_bytes": apparent, "missing_rows": len(missing), "row_bytes": hidden * 2,
+            "plan_read_bytes": plan["read_bytes"], "plan_wall": plan["wall"],
+            "apply_read_bytes": apply["read_bytes"], "apply_wall": apply["wall"],
+            "drafter_bytes": drafter_bytes, "needed_verifier_bytes": len(missing) * hidden * 2}
+
+
+def _overwrite_vocab(path: Path, vocab_tensors: list[Tensor]) -> None:
+    import struct
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        for t in vocab_tensors:
+            f.seek(8 + n + header[t.key]["data_offsets"][0])
+            assert t.data is not None
+            f.write(t.data)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2GB", help="drafter size (default 2GB)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
+    ap.add_argument("--skip-tb", action="store_true", help="skip the 1 TB sparse-verifier scenario")
+    ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="ckptxform-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        src = build_benchmark_sources(work / "src", parse_size(args.size))
+        for path in src.values():
+            warm(path)
+        size = sum(f.stat().st_size for f in src["drafter"].iterdir())
+        rename_rule = work / "rename.yaml"
+        rename_rule.write_text(RENAME_RULE)
+        naive_rename, naive_headline = work / "naive_rename.py", work / "naive_headline.py"
+        naive_rename.write_text(NAIVE_RENAME)
+        naive_headline.write_text(NAIVE_HEADLINE)
+        headline_sources = [f"--source=drafter={src['drafter']}", f"--source=target_vocab={src['target_vocab']}",
+                            f"--source=verifier={src['verifier']}"]
+        cli = [PY, "-m", "ckptxform", "-q"]
+        contenders: dict[str, Callable[[Path], list[str]]] = {
+            "cp -r": lambda out: ["cp", "-r", str(src["drafter"]), str(out)],
+            "cp -r + sync": lambda out: ["sh", "-c", f"cp -r '{src['drafter']}' '{out}' && sync '{out}'/*"],
+            "naive rename": lambda out: [PY, str(naive_rename), str(src["drafter"]), str(out)],
+            "ckptxform rename": lambda out: [*cli, "apply", str(rename_rule), f"--source=drafter={src['drafter']}",
+                                             "--out", str(out)],
+            "ckptxform rename --no-fsync": lambda out: [*cli, "apply", str(rename_rule),
+                                                        f"--source=drafter={src['drafter']}", "--out", str(out),
+                                                        "--no-fsync"],
+            "naive headline": lambda out: [PY, str(naive_headline), str(src["drafter"]), str(src["target_vocab"]),
+                                           str(src["verifier"]), str(out)],
+            "ckptxform headline": lambda out: [*cli, "apply", str(HEADLINE), *headline_sources, "--out", str(out)],
+            "ckptxform headline --no-fsync": lambda out: [*cli, "apply", str(HEADLINE), *headline_sources,
+                                                          "--out", str(out), "--no-fsync"],
+        }
+        results = run_contenders(contenders, work, args.reps)
+        cp = results["cp -r"].wall
+        report = [f"# ckptxform benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
+                  f"({os.cpu_count()} cores, Python {platform.python_version()})",
+                  f"drafter: {size / 1e9:.2f} GB in {len(list(src['drafter'].glob('*.safetensors')))} shards; "
+                  f"median of {args.reps} runs", "",
+                  "| contender | wall (s) | / cp -r | / naive | peak RSS (MB) |", "|---|---|---|---|---|"]
+        for name, r in results.items():
+            naive = results["naive headline" if "headline" in name else "naive rename"].wall
+            rel_naive = f"{r.wall / naive:.2f}" if name.startswith("ckptxform") else ""
+            report.append(f"| {name} | {r.wall:.2f} | {r.wall / cp:.2f} | {rel_naive} | {r.peak_mb:.0f} |")
+        figures: dict[str, object] = {"size_bytes": size, "reps": args.reps,
+                                      "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+        if not args.skip_tb:
+            tb = tb_scenario(work, small=args.small_tb)
+            figures["tb"] = tb
+            report += ["", f"1 TB scenario: verifier of {tb['apparent_bytes'] / 1e12:.2f} TB apparent (61 sparse shards)",
+                       f"- plan: {tb['plan_wall']:.2f} s, {tb['plan_read_bytes'] / 1e6:.2f} MB read",
+                       f"- apply: {tb['apply_wall']:.2f} s, {tb['apply_read_bytes'] / 1e9:.3f} GB read "
+                       f"(drafter {tb['drafter_bytes'] / 1e9:.3f} GB + {tb['missing_rows']:,} verifier rows = "
+                       f"{(tb['drafter_bytes'] + tb['needed_verifier_bytes']) / 1e9:.3f} GB needed)"]
+        print("\n".join(report))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(figures, indent=2))
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
