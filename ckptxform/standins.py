@@ -186,7 +186,9 @@ LLAMA31_8B = DrafterDims(
     max_position_embeddings=2048,
 )
 
-KIMI_K2_TINY = KIMI_K2.scaled()
+# hidden 112 with 8 heads of 16: attention wider than hidden, as in Kimi (7168 vs 64x128), and
+# hidden divisible by the head count, which transformers (so speculators) requires.
+KIMI_K2_TINY = KIMI_K2.scaled(hidden=112)
 LLAMA31_8B_TINY = LLAMA31_8B.scaled()
 
 

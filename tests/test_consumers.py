@@ -27,7 +27,7 @@ from safetensors import safe_open
 
 from ckptxform import api
 from ckptxform.standins import (
-    KIMI_K2,
+    KIMI_K2_TINY,
     LLAMA31_8B_TINY,
     build_eagle3_drafter,
     build_headline_standins,
@@ -46,10 +46,8 @@ pytestmark = [
 ]
 
 RULES = REPO / "rules"
-#: Kimi-K2's proportions (attention 8 heads x 16 = 128 wide on a 112 hidden size, like
-#: 64 x 128 on 7168) with hidden a multiple of the head count, which transformers 5's
-#: LlamaConfig insists on (KIMI_K2_TINY's 64 / 5 heads is refused)
-KIMI_DIMS = KIMI_K2.scaled(hidden=112, head_dim=16)
+#: the demo's dimensions: what `ckptxform demo` writes must load in the real consumer
+KIMI_DIMS = KIMI_K2_TINY
 #: parameters speculators fills from the verifier, never from the drafter checkpoint
 VERIFIER_OWNED = {"verifier_lm_head.weight", "verifier_norm.weight"}
 
