@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,8 +17,12 @@ from .sources.base import Checkpoint
 from .sources.resolve import open_source
 
 
-def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None) -> Plan:
+def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None,
+         require_pinned: bool = False) -> Plan:
     """Plan a conversion from headers, the rule file and the vocab maps; no weight is read.
+
+    ``require_pinned`` refuses a Hub source whose revision is a branch or tag (a
+    ``UsageError`` giving the commit it resolved to) instead of warning.
 
     >>> p = plan("rules/aqmedai_k2_to_k25.yaml", sources={"drafter": "stand-ins/k2"})  # doctest: +SKIP
     >>> p.alignments["k2->k25"].summary()                                             # doctest: +SKIP
@@ -31,8 +36,9 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
     opened: dict[str, Checkpoint] = {}
     try:
         for name in needed_sources(ruleset):
-            opened[name] = open_source(ruleset.sources[name])
-        unused = [n for n in ruleset.sources if n not in opened]
+            opened[name] = open_source(ruleset.sources[name], require_pinned=require_pinned)
+        named_in_config = set(re.findall(r"\$\{source\.([^.}]+)\.", repr(ruleset.config)))
+        unused = [n for n in ruleset.sources if n not in opened and n not in named_in_config]
         for name in unused:
             logger.warning("source {!r} is declared but no rule reads it; it was not opened", name)
         return build_plan(ruleset, opened)
@@ -50,6 +56,7 @@ def apply(
     force: bool = False,
     progress: bool | None = None,
     fsync: bool = True,
+    require_pinned: bool = False,
 ) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
@@ -63,7 +70,7 @@ def apply(
     >>> result.audit_path                                                               # doctest: +SKIP
     PosixPath('k25-drafter/ckptxform_audit.jsonl')
     """
-    the_plan = plan(rules, sources=sources)
+    the_plan = plan(rules, sources=sources, require_pinned=require_pinned)
     try:
         return execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync)
     finally:

@@ -219,9 +219,12 @@ class _Planner:
                 f"{self.rules.path}: {len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} of source "
                 f"{source!r} match no rule: {quote_keys(unmatched)}; add a rule for each (or a 'skip' "
                 "with its reason), or set require.strict: false", source=source)
+        keys = list(ckpt.tensors)
         for rule in self.rules.tensors:
-            if rule.index not in matched and not rule.optional:
-                self.warnings.append(f"{rule.label}: match {rule.match!r} matched no tensor of {source!r}")
+            # A rule overridden by an earlier one (a child file's, under extends) matches
+            # keys but takes none: that is intended, not worth a warning.
+            if rule.index not in matched and not rule.optional and not any(map(rule.pattern.fullmatch, keys)):
+                self.warnings.append(f"{rule.label}: match '{rule.match}' matched no tensor of {source!r}")
 
     def _plan_tensor(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
         where = rule.where.short
