@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,28 +231,20 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             _prefetch(plan)
             bar = _progress_bar(layout.total_bytes, progress)
             with ShardWriter(odir, layout) as writer:
-                for o in _execution_order(plan):
-                    local = _local_file(o, plan)
-                    if local is not None:
-                        # a verbatim copy from disk never passes through Python memory
-                        with open(local[0], "rb") as src:
-                            writer.copy_from(o.key, src.fileno(), local[1], local[2])
-                            sha = writer.finish_tensor(o.key)
-                        if bar is not None:
-                            bar.update(local[2])
-                        written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
-                                                     sha, o.origin()))
-                        continue
-                    chunks = PRODUCERS[type(o.recipe)](o, plan)
-                    if o.dtype != o.input_dtype:
-                        chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
-                    for chunk in chunks:
-                        writer.write(o.key, chunk)
-                        if bar is not None:
-                            bar.update(len(chunk))
-                    sha = writer.finish_tensor(o.key)
-                    item = WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin())
-                    written.append(item)
+                ordered = _execution_order(plan)
+                copies = [o for o in ordered if _local_file(o, plan) is not None]
+                streamed = [o for o in ordered if _local_file(o, plan) is None]
+                # Kernel copies (I/O) on this thread, gathers and casts (Python) on another:
+                # on two cores they overlap.
+                stop = threading.Event()
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
+                    background = pool.submit(_write_streamed, streamed, plan, writer, layout, written, bar, stop)
+                    try:
+                        _write_copies(copies, plan, writer, layout, written, bar, stop)
+                    except BaseException:
+                        stop.set()  # the other thread stops at its next chunk; the pool waits for it
+                        raise
+                    background.result()
                 config_sha256 = None
                 if plan.config is not None:
                     config_path = writer.write_json("config.json", plan.config)
@@ -270,6 +264,43 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
     return ApplyResult(out=final, plan=plan, written=tuple(sorted(written, key=lambda w: w.key)),
                        audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
                        stale_removed=odir.stale_removed)
+
+
+def _write_copies(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, layout: Any,
+                  written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
+    """Verbatim copies from local files: in the kernel, never through Python memory."""
+    for o in outputs:
+        local = _local_file(o, plan)
+        assert local is not None
+        if stop.is_set():
+            return
+        with open(local[0], "rb") as src:
+            writer.copy_from(o.key, src.fileno(), local[1], local[2])
+            sha = writer.finish_tensor(o.key)
+        if bar is not None:
+            bar.update(local[2])
+        written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin()))
+
+
+def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, layout: Any,
+                    written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
+    """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
+    try:
+        for o in outputs:
+            chunks = PRODUCERS[type(o.recipe)](o, plan)
+            if o.dtype != o.input_dtype:
+                chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                writer.write(o.key, chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+            sha = writer.finish_tensor(o.key)
+            written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin()))
+    except BaseException:
+        stop.set()  # the copying thread stops at its next tensor
+        raise
 
 
 def _previous_run(plan: Plan, out: Path) -> ApplyResult | None:

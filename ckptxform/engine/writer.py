@@ -486,7 +486,7 @@ def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: in
 
 
 class _TensorState:
-    __slots__ = ("placement", "written", "sha", "finished", "digest")
+    __slots__ = ("placement", "written", "sha", "finished", "digest", "copy_hashes")
 
     def __init__(self, placement: TensorPlacement) -> None:
         self.placement = placement
@@ -494,6 +494,8 @@ class _TensorState:
         self.sha = hashlib.sha256()
         self.finished = False
         self.digest = ""
+        #: hashes of ranges copied in the kernel (copy_from), on their own thread
+        self.copy_hashes: list[Future[None]] = []
 
 
 class ShardWriter:
@@ -511,9 +513,11 @@ class ShardWriter:
         self._tensors = {key: _TensorState(p) for key, p in layout.placements.items()}
         self._fds: dict[str, int] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._copy_pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future[None]] = deque()
         self._old_sigxfsz: Any = None
         self._closed = False
+        self._lock = threading.Lock()
         self.bytes_written = 0
 
     def __enter__(self) -> ShardWriter:
@@ -535,6 +539,7 @@ class ShardWriter:
                 except OSError as err:
                     raise self._error(shard.file, err) from None
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-sha256")
+            self._copy_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-sha256-copy")
         except BaseException:
             self._release()
             raise
@@ -549,59 +554,69 @@ class ShardWriter:
 
     def write(self, key: str, chunk: bytes | bytearray | memoryview) -> None:
         """Write the next ``len(chunk)`` bytes of tensor ``key``."""
-        state = self._state(key)
         view = memoryview(chunk).cast("B")
         size = view.nbytes
-        place = state.placement
-        if state.written + size > place.nbytes:
-            raise OutputError(f"tensor {key!r}: got {state.written + size} bytes, expected "
-                              f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
-        if size >= _ASYNC_HASH_MIN:
-            assert self._pool is not None
-            self._pending.append(self._pool.submit(state.sha.update, view))
-        else:
-            self._drain(0)  # chunks of one tensor must be hashed in order
-            state.sha.update(view)
+        # Bookkeeping under the lock (two threads may write different tensors); the
+        # write itself outside it.
+        with self._lock:
+            state = self._state(key)
+            place = state.placement
+            if state.written + size > place.nbytes:
+                raise OutputError(f"tensor {key!r}: got {state.written + size} bytes, expected "
+                                  f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
+            if size >= _ASYNC_HASH_MIN:
+                assert self._pool is not None
+                self._pending.append(self._pool.submit(state.sha.update, view))
+            else:
+                self._drain(0)  # chunks of one tensor must be hashed in order
+                state.sha.update(view)
+            offset = place.offset + state.written
+            state.written += size
+            self.bytes_written += size
         try:
-            self._pwrite_all(self._fds[place.file], view, place.offset + state.written)
+            self._pwrite_all(self._fds[place.file], view, offset)
         except OSError as err:
             raise self._error(place.file, err) from None
-        state.written += size
-        self.bytes_written += size
         # a writable buffer may be refilled by the caller as soon as we return
-        self._drain(_HASH_PIPELINE_DEPTH if view.readonly else 0)
+        with self._lock:
+            self._drain(_HASH_PIPELINE_DEPTH if view.readonly else 0)
 
     def copy_from(self, key: str, src_fd: int, src_offset: int, length: int) -> None:
         """Write the next ``length`` bytes of tensor ``key`` by copying them from ``src_fd``
         at ``src_offset`` inside the kernel (``copy_file_range``: no trip through Python
         memory, as ``cp`` does). The same range is hashed from the source's page cache on
         the hash thread meanwhile."""
-        state = self._state(key)
-        place = state.placement
-        if state.written + length > place.nbytes:
-            raise OutputError(f"tensor {key!r}: got {state.written + length} bytes, expected "
-                              f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
-        assert self._pool is not None
-        self._pending.append(self._pool.submit(_hash_range, state.sha, src_fd, src_offset, length))
-        dst_fd, dst_offset = self._fds[place.file], place.offset + state.written
+        with self._lock:
+            state = self._state(key)
+            place = state.placement
+            if state.written + length > place.nbytes:
+                raise OutputError(f"tensor {key!r}: got {state.written + length} bytes, expected "
+                                  f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
+            assert self._copy_pool is not None
+            # a pool of its own, so that streamed writes never queue behind these long jobs
+            state.copy_hashes.append(self._copy_pool.submit(_hash_range, state.sha, src_fd, src_offset, length))
+            dst_fd, dst_offset = self._fds[place.file], place.offset + state.written
+            state.written += length
+            self.bytes_written += length
         try:
             _copy_range(src_fd, src_offset, dst_fd, dst_offset, length)
         except OSError as err:
             raise self._error(place.file, err) from None
-        state.written += length
-        self.bytes_written += length
 
     def finish_tensor(self, key: str) -> str:
         """Check that all of tensor ``key`` was written; return its sha256 (hex)."""
-        state = self._state(key)
-        place = state.placement
-        if state.written != place.nbytes:
-            raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected "
-                              f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
-        self._drain(0)
-        state.finished = True
-        state.digest = state.sha.hexdigest()
-        return state.digest
+        with self._lock:
+            state = self._state(key)
+            place = state.placement
+            if state.written != place.nbytes:
+                raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected "
+                                  f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
+            self._drain(0)
+            for job in state.copy_hashes:
+                job.result()
+            state.finished = True
+            state.digest = state.sha.hexdigest()
+            return state.digest
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
@@ -671,8 +686,9 @@ class ShardWriter:
 
     def _release(self) -> None:
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._pool, self._copy_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
         for fd in self._fds.values():
             os.close(fd)
