@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import operator
-import struct
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
@@ -47,7 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ckptxform.dtypes import DTYPE_SIZES, nbytes
 from ckptxform.errors import CheckpointFormatError, SourceNotFoundError, UsageError, VocabMapError
 
 __all__ = ["Alignment", "Encoding", "VocabMap", "load_vocab_file", "vocab_map_from_bytes"]
@@ -543,66 +541,25 @@ def _is_flag(v: object) -> bool:
 def _load_safetensors(
     path: Path, name: str, encoding: Encoding, vocab_size: int | None
 ) -> VocabMap:
-    """Reads the header (8-byte little-endian length + JSON) and only the d2t/t2d bytes,
-    so a whole drafter's model.safetensors works as a vocab file too."""
+    """Reads the header (with the project's strict header parser) and only the d2t/t2d
+    bytes, so a whole drafter's model.safetensors works as a vocab file too."""
+    from ckptxform.sources.safetensors_header import read_header
+
     size = path.stat().st_size
     with path.open("rb") as f:
-        head = f.read(8)
-        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if header_len < 2 or 8 + header_len > size:
-            raise CheckpointFormatError(
-                f"vocab file '{path}' is not a safetensors file (bad header length); "
-                "fix: re-download it or give a .pt/.json vocab file",
-                path=str(path),
-            )
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise CheckpointFormatError(
-                f"vocab file '{path}': unreadable safetensors header ({err}); fix: re-download it",
-                path=str(path),
-            ) from None
-        if not isinstance(header, dict):
-            raise CheckpointFormatError(
-                f"vocab file '{path}': the safetensors header is not a JSON object; "
-                "fix: re-download it",
-                path=str(path),
-            )
+
+        def read_at(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+
+        infos, _ = read_header(read_at, file=path.name, file_size=size, label=f"vocab file '{path}'")
         raw: dict[str, tuple[bytes, str]] = {}
-        for key in ("d2t", "t2d"):
-            if key not in header:
-                continue
-            entry = header[key]
-            try:
-                dtype, shape = str(entry["dtype"]), list(entry["shape"])
-                begin, end = (int(x) for x in entry["data_offsets"])
-            except (TypeError, KeyError, ValueError):
-                raise CheckpointFormatError(
-                    f"vocab file '{path}': header entry {key!r} lacks dtype/shape/data_offsets; "
-                    "fix: re-download it",
-                    path=str(path),
-                    key=key,
-                ) from None
-            if not 0 <= begin <= end or 8 + header_len + end > size:
-                raise CheckpointFormatError(
-                    f"vocab file '{path}': tensor {key!r} has data_offsets [{begin}, {end}] "
-                    f"beyond the file's {size} bytes; fix: the file is truncated: re-download it",
-                    path=str(path),
-                    key=key,
-                )
-            _check_one_dim(path, key, shape)
-            if dtype in DTYPE_SIZES and nbytes(dtype, shape) != end - begin:
-                raise CheckpointFormatError(
-                    f"vocab file '{path}': tensor {key!r} ({dtype} {shape}) should hold "
-                    f"{nbytes(dtype, shape)} bytes but its data_offsets span {end - begin}; "
-                    "fix: the file is corrupt: re-download it",
-                    path=str(path),
-                    key=key,
-                )
-            f.seek(8 + header_len + begin)
-            raw[key] = (f.read(end - begin), dtype)
+        for info in infos:
+            if info.key in ("d2t", "t2d"):
+                _check_one_dim(path, info.key, info.shape)
+                raw[info.key] = (read_at(info.offset, info.nbytes), info.dtype)
     if "d2t" not in raw:
-        tensors = ", ".join(repr(k) for k in sorted(header) if k != "__metadata__")
+        tensors = ", ".join(repr(i.key) for i in sorted(infos, key=lambda i: i.key))
         raise VocabMapError(
             f"vocab file '{path}' has no tensor 'd2t' (has: {tensors or '(none)'}); fix: "
             "give a file holding the drafter's d2t",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -55,6 +57,18 @@ class Checkpoint(ABC):
     @abstractmethod
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         """``length`` bytes of tensor ``info`` from ``start`` (relative to its first byte)."""
+
+    def _checked_range(self, info: TensorInfo, start: int, length: int | None) -> int:
+        """``length`` (None: to the end), after checking the range lies inside ``info``."""
+        if length is None:
+            length = info.nbytes - start
+        if start < 0 or length < 0 or start + length > info.nbytes:
+            raise UsageError(
+                f"{self.location}: bytes [{start}, {start + length}) are outside tensor "
+                f"{info.key!r}, which has {info.nbytes} bytes",
+                key=info.key,
+            )
+        return length
 
     def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
         """The bytes of each requested row. Runs of adjacent rows are read at once;

@@ -114,14 +114,7 @@ class LocalCheckpoint(Checkpoint):
             raise _unreadable(exc, path, source=self.name) from None
 
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
-        if length is None:
-            length = info.nbytes - start
-        if start < 0 or length < 0 or start + length > info.nbytes:
-            raise UsageError(
-                f"{self.location}: bytes [{start}, {start + length}) are outside tensor "
-                f"{info.key!r}, which has {info.nbytes} bytes",
-                key=info.key,
-            )
+        length = self._checked_range(info, start, length)
         if self.tensors.get(info.key) != info:
             raise UsageError(
                 f"{self.location}: tensor {info.key!r} of file {info.file!r} is not part of "
