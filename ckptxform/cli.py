@@ -97,18 +97,22 @@ def validate(rules: tuple[str, ...]) -> None:
 _source_option = click.option(
     "--source", "sources", multiple=True, metavar="NAME=LOC",
     help="Replace the location of source NAME (a local path or ORG/NAME[@REV]).")
+_require_pinned_option = click.option(
+    "--require-pinned", is_flag=True,
+    help="Fail (exit 2) when a Hub source's revision is a branch or tag instead of a commit.")
 
 
 @main.command()
 @click.argument("rules")
 @_source_option
+@_require_pinned_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's records as JSON.")
 @_reports_errors
-def plan(rules: str, sources: tuple[str, ...], as_json: bool) -> None:
+def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bool) -> None:
     """Show what apply would do, from headers only: every tensor, the vocab statistics."""
     from . import api, report
 
-    the_plan = api.plan(rules, sources=_parse_overrides(sources))
+    the_plan = api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned)
     try:
         click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json else report.plan_text(the_plan))
     finally:
@@ -118,17 +122,20 @@ def plan(rules: str, sources: tuple[str, ...], as_json: bool) -> None:
 @main.command()
 @click.argument("rules")
 @_source_option
+@_require_pinned_option
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--no-fsync", is_flag=True,
               help="Do not flush OUT to disk before renaming it into place (faster; a power loss may lose it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_reports_errors
-def apply(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, as_json: bool) -> None:
+def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
+          as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api, report
 
-    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync)
+    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
+                       require_pinned=require_pinned)
     click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import PlanError
 from ..rules.model import RuleSet
 from ..sources.base import Checkpoint
+from ..sources.resolve import hub_location
 from ..vocab import VocabMap
 
 _REF = re.compile(r"^\$\{([^}]*)\}$")
@@ -77,7 +78,10 @@ def _reference(ref: str, where: str, rules: RuleSet, ckpts: Mapping[str, Checkpo
         name, _, attr = rest.partition(".")
         spec = rules.sources[name]
         if attr == "repo":
-            return spec.repo or spec.location
+            # A Hub override names the repo actually read; a local override (a mirror,
+            # a stand-in) keeps the rule file's repo, which is what consumers resolve.
+            hub = hub_location(spec.override) if spec.override is not None else None
+            return hub[0] if hub is not None else (spec.repo or spec.location)
         if attr == "revision":
             ckpt = ckpts.get(name)
             return (ckpt.commit if ckpt else None) or spec.revision

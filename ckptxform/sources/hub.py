@@ -156,14 +156,7 @@ class HubCheckpoint(Checkpoint):
         return self._config
 
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
-        if length is None:
-            length = info.nbytes - start
-        if start < 0 or length < 0 or start + length > info.nbytes:
-            raise UsageError(
-                f"{self._who()}: bytes [{start}, {start + length}) are outside tensor {info.key!r}, "
-                f"which has {info.nbytes} bytes",
-                key=info.key,
-            )
+        length = self._checked_range(info, start, length)
         span = Span(info.offset + start, info.offset + start + length)
         return self._read_spans(info.file, [span])[0]
 
@@ -183,6 +176,15 @@ class HubCheckpoint(Checkpoint):
             for i in range(n):
                 out[first + i] = blob[i * width : (i + 1) * width]
         return out
+
+    def tensors_of_file(self, file: str) -> list[TensorInfo]:
+        """Every tensor of ``file``, from its own header alone: the base class scans
+        ``tensors``, which for a sharded repo would read every other shard's header."""
+        if file not in self.files:
+            return []
+        if isinstance(self.tensors, _LazyTensors):
+            return sorted(self.tensors.shard(file).values(), key=lambda t: t.offset)
+        return super().tensors_of_file(file)
 
     def local_path(self, file: str) -> Path | None:
         if file not in self._local and self.commit is not None:
@@ -433,20 +435,21 @@ class _LazyTensors(Mapping[str, TensorInfo]):
         """The shards whose headers have been read so far."""
         return tuple(self._shards)
 
-    def _shard(self, file: str) -> dict[str, TensorInfo]:
+    def shard(self, file: str) -> dict[str, TensorInfo]:
+        """The tensors of one shard (its header is read the first time)."""
         if file not in self._shards:
             self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
         return self._shards[file]
 
     def __getitem__(self, key: str) -> TensorInfo:
-        return self._shard(self.weight_map[key])[key]
+        return self.shard(self.weight_map[key])[key]
 
     def __contains__(self, key: object) -> bool:
         return key in self.weight_map
 
     def __iter__(self) -> Iterator[str]:
         for file in self._files:
-            yield from self._shard(file)
+            yield from self.shard(file)
 
     def __len__(self) -> int:
         return len(self.weight_map)

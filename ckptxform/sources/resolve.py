@@ -1,38 +1,43 @@
 """Turn a location (a rule file's source, ``--source NAME=LOC``, a CLI argument) into a Checkpoint.
 
 An existing local path wins; ``hf://ORG/NAME[@REV]`` is always the Hub; ``ORG/NAME[@REV]``
-that is not a local path is the Hub.
+that is not a local path is the Hub. The syntax of a Hub location has one definition,
+``hub.parse_hub_location``; this module only adds the local-path-wins rule.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..errors import SourceNotFoundError
 from ..rules.model import SourceSpec
 from .base import Checkpoint
-
-_REPO = re.compile(r"^(?:hf://)?([A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)(?:@([^@\s]+))?$")
+from .hub import parse_hub_location
 
 
 def hub_location(location: str) -> tuple[str, str | None] | None:
-    """``(repo_id, revision)`` when ``location`` names a Hub repo rather than a local path."""
+    """``(repo_id, revision)`` when ``location`` names a Hub repo rather than a local path.
+
+    >>> hub_location("hf://org/model@v1")
+    ('org/model', 'v1')
+    """
     if not location.startswith("hf://") and Path(location).exists():
         return None
-    match = _REPO.match(location)
-    if match is None:
-        return None
-    return match.group(1), match.group(2)
+    return parse_hub_location(location)
 
 
-def open_location(location: str, *, name: str | None = None, fetch: str = "auto") -> Checkpoint:
-    """Open a local directory/file or a Hub repo, reading headers only."""
+def open_location(location: str, *, name: str | None = None, fetch: str = "auto",
+                  require_pinned: bool = False) -> Checkpoint:
+    """Open a local directory/file or a Hub repo, reading headers only.
+
+    ``require_pinned`` refuses a Hub revision that is a branch or tag (it has no effect
+    on local paths, which have no revision)."""
     hub = hub_location(location)
     if hub is not None:
         from .hub import open_hub
 
-        return open_hub(hub[0], hub[1], name=name, policy=fetch)
+        return open_hub(hub[0], hub[1], name=name, policy=fetch, location=location,
+                        require_pinned=require_pinned)
     if not Path(location).exists():
         label = f"source {name!r}: " if name else ""
         raise SourceNotFoundError(
@@ -46,12 +51,13 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
     return open_local(location, name=name)
 
 
-def open_source(spec: SourceSpec) -> Checkpoint:
+def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint:
     """Open a rule file's source, honouring a ``--source`` override."""
     if spec.override is None and spec.repo is not None:
         from .hub import open_hub
 
-        return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch)
+        return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch,
+                        location=spec.location, require_pinned=require_pinned)
     if spec.override is None and spec.path is not None:
         from .local import open_local
 
@@ -63,4 +69,4 @@ def open_source(spec: SourceSpec) -> Checkpoint:
                 source=spec.name,
             )
         return open_local(spec.path, name=spec.name)
-    return open_location(spec.location, name=spec.name, fetch=spec.fetch)
+    return open_location(spec.location, name=spec.name, fetch=spec.fetch, require_pinned=require_pinned)
