@@ -48,8 +48,21 @@ def read_audit(out: Path) -> list[dict[str, Any]]:
                               path=str(path), line=number) from None
         if not isinstance(event, dict) or "event" not in event:
             raise VerifyError(f"{path}:{number}: not an audit event", path=str(path), line=number)
+        if event["event"] == "written" and not _is_written_event(event):
+            raise VerifyError(f"{path}:{number}: a 'written' event needs key, file (a plain file name), shape, "
+                              "dtype, sha256 and from; the audit log is damaged", path=str(path), line=number)
         events.append(event)
     return events
+
+
+def _is_written_event(event: dict[str, Any]) -> bool:
+    # verify opens OUT/file: a damaged or hostile audit must not send it outside OUT
+    file, shape = event.get("file"), event.get("shape")
+    return (isinstance(event.get("key"), str) and isinstance(file, str) and file not in ("", ".", "..")
+            and "/" not in file and "\\" not in file and "\0" not in file
+            and isinstance(shape, list) and all(isinstance(d, int) for d in shape)
+            and isinstance(event.get("dtype"), str) and isinstance(event.get("sha256"), str)
+            and isinstance(event.get("from"), dict))
 
 
 def verify(out: str | os.PathLike[str]) -> VerifyResult:

@@ -238,6 +238,7 @@ class _HubHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the client's connection pool expects
     server_version = "HubServer/1.0"
     timeout = 30
+    disable_nagle_algorithm = True  # else every small ranged reply waits ~40 ms for an ACK
     server_state: HubServer
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence stderr

@@ -13,14 +13,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
 from ..dtypes import DTYPE_SIZES
-from ..errors import CkptxformError, PlanError
+from ..errors import CkptxformError, OutputError, PlanError
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
@@ -220,8 +220,12 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
     written: list[WrittenTensor] = []
     if not force and os.path.lexists(out):
         previous = _previous_run(plan, Path(out))
-        if previous is not None:
-            return previous
+        if isinstance(previous, str):
+            raise OutputError(f"{os.path.abspath(out)!r} already exists and {previous}; pass --force to "
+                              "replace it", path=os.path.abspath(out))
+        # a run killed after its rename left its lock file (or a killed --force run its
+        # temporary sibling): this run writes nothing, but it still tidies up after them
+        return replace(previous, stale_removed=OutputDir(out).remove_stale())
     with OutputDir(out, force=force, fsync=fsync) as odir:
         audit = AuditLog(odir.tmp_path / AUDIT_FILE)
         try:
@@ -303,27 +307,54 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
         raise
 
 
-def _previous_run(plan: Plan, out: Path) -> ApplyResult | None:
+def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
     """The result already in ``out`` when it was made from the same rules and the same
-    source weights and still verifies; None otherwise (OutputDir then refuses to replace it)."""
+    source weights and still verifies; otherwise why not, for the refusal without --force."""
     from ..verify import read_audit, verify
 
+    if not out.is_dir():
+        return "is not a directory"
+    if not (out / AUDIT_FILE).exists():
+        return f"was not written by ckptxform apply (it has no {AUDIT_FILE})"
     try:
         events = read_audit(out)
-        run = events[0] if events and events[0].get("event") == "run" else {}
-        same_sources = {n: (s.commit, s.fingerprint) for n, s in plan.sources.items()} == {
-            n: (s.get("commit"), s.get("fingerprint")) for n, s in run.get("sources", {}).items()}
-        if run.get("rules_sha256") != plan.rules.sha256 or not same_sources:
-            return None
+        if not events or events[0].get("event") != "run":
+            return f"its {AUDIT_FILE} does not start with a run record"
+        changed = _changes(plan, events[0])
+        if changed:
+            return "was made from " + "; ".join(changed)
         verify(out)
-    except CkptxformError:
-        return None
+    except CkptxformError as err:
+        problems = str(err).splitlines()
+        more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+        return f"does not verify: {problems[0]}{more}"
     written = tuple(WrittenTensor(e["key"], e["file"], tuple(e["shape"]), e["dtype"], e["sha256"], e["from"])
                     for e in events if e.get("event") == "written")
     logger.info("{} is up to date: made from the same rules and source weights, and it verifies; "
                 "nothing to do (pass --force to rewrite it)", out)
     return ApplyResult(out=out, plan=plan, written=written, audit_path=out / AUDIT_FILE,
                        bytes_written=0, up_to_date=True)
+
+
+def _changes(plan: Plan, run: dict[str, Any]) -> list[str]:
+    """What differs between this run and the ``run`` record of an earlier one."""
+    rules_sha256 = run.get("rules_sha256")
+    if rules_sha256 != plan.rules.sha256:
+        return [f"other rules (rules sha256 {str(rules_sha256)[:12]}... in its audit, "
+                f"{plan.rules.sha256[:12]}... for {plan.rules.path})"]
+    before = run.get("sources") if isinstance(run.get("sources"), dict) else {}
+    if set(before) != set(plan.sources):
+        return [f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
+                f"{', '.join(map(repr, sorted(plan.sources)))}"]
+    changed = []
+    for name, now in sorted(plan.sources.items()):
+        then = before[name] if isinstance(before[name], dict) else {}
+        if then.get("commit") != now.commit:
+            changed.append(f"source {name!r} at commit {then.get('commit')}, now {now.commit} ({now.location})")
+        elif then.get("fingerprint") != now.fingerprint:
+            changed.append(f"other weights of source {name!r}: the name, size or modification time of a weight "
+                           f"file in {now.location} changed since")
+    return changed
 
 
 def _prefetch(plan: Plan) -> None:

@@ -149,9 +149,10 @@ class _Planner:
             source, info.key, action, target, info.shape, info.dtype, rule, reason)
 
     def _add_output(self, out: OutputPlan, producer: str) -> None:
-        if not out.key or _CONTROL.search(out.key) or out.key == "__metadata__" or len(out.key) > 1024:
-            raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name "
-                            "(empty, control characters, '__metadata__' or over 1024 characters)", key=out.key)
+        why = _invalid_key(out.key)
+        if why is not None:
+            raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
+                            "rule's rename (or the add entry's name) so that it writes another key", key=out.key)
         if out.key in self.outputs:
             raise PlanError(f"{producer} and {self.producer[out.key]} both write output key {out.key!r}; "
                             "two tensors cannot be written to one key: rename one of them", key=out.key)
@@ -362,6 +363,19 @@ class _Planner:
                 for info in ckpt.tensors_of_file(file):
                     self._record(source, info, "unused", None, None,
                                  f"in {file}, which was opened for other tensors; no rule reads it")
+
+
+def _invalid_key(key: str) -> str | None:
+    """Why ``key`` cannot name a tensor in a safetensors file (None when it can)."""
+    if not key:
+        return "it is empty"
+    if key == "__metadata__":
+        return "safetensors reserves '__metadata__' for the file's metadata"
+    if _CONTROL.search(key):
+        return "it contains a control character"
+    if len(key) > 1024:
+        return f"it is {len(key)} characters long, more than 1024"
+    return None
 
 
 def _source_key_for(rule: TensorRule, output_key: str) -> str | None:

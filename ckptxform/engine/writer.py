@@ -364,6 +364,27 @@ class OutputDir:
             self._fsync_parent()
         return self.out
 
+    def remove_stale(self) -> tuple[Path, ...]:
+        """Without writing OUT, remove what killed runs left beside it (temporary siblings
+        and the lock file), for a rerun that finds OUT up to date. Leaves everything alone
+        while another run holds the lock, or where no lock can be taken (a read-only
+        directory): nothing is written there, so nothing is left behind either."""
+        prefix = f".{self.out.name}.ckptxform-"
+        try:
+            if not any(entry.name.startswith(prefix) for entry in self.out.parent.iterdir()):
+                return ()
+            self._lock()
+        except (OSError, OutputError) as err:
+            logger.debug("not tidying beside {}: {}", self.out, err)
+            return ()
+        try:
+            return tuple(self._remove_stale())
+        except OutputError as err:  # OUT is fine; what is left beside it does not fail the run
+            logger.warning("{}", err)
+            return ()
+        finally:
+            self._unlock()
+
     def _check_replaceable(self) -> None:
         if not self.force:
             raise OutputError(f"{str(self.out)!r} already exists; pass --force to replace it",
