@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
@@ -25,6 +25,8 @@ from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
 from .writer import OutputDir, OutputTensorSpec, ShardWriter, plan_layout
+
+_T = TypeVar("_T")
 
 #: bytes moved per read/write; bounds memory per tensor being copied or gathered
 CHUNK_BYTES = 16 << 20
@@ -227,7 +229,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
         # temporary sibling): this run writes nothing, but it still tidies up after them
         return replace(previous, stale_removed=OutputDir(out).remove_stale())
     with OutputDir(out, force=force, fsync=fsync) as odir:
-        audit = AuditLog(odir.tmp_path / AUDIT_FILE)
+        audit = _Audit(odir)
         try:
             audit.event(run_event(plan, started))
             for record in plan.records:
@@ -262,8 +264,10 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                          "written": len(written), "bytes_written": bytes_written,
                          "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
                          "warnings": list(plan.warnings)})
-        finally:
-            audit.close()
+        except BaseException:
+            audit.close(failing=True)
+            raise
+        audit.close()
         final = odir.commit()
     return ApplyResult(out=final, plan=plan, written=tuple(sorted(written, key=lambda w: w.key)),
                        audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
@@ -307,6 +311,31 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
         raise
 
 
+class _Audit:
+    """The run's audit log. A failed write (a full disk) is one OutputError like any other
+    write to OUT; closing after another failure must not replace that failure with its own."""
+
+    def __init__(self, odir: OutputDir) -> None:
+        self._odir = odir
+        self._log = self._guard(lambda: AuditLog(odir.tmp_path / AUDIT_FILE))
+
+    def event(self, obj: dict[str, Any]) -> None:
+        self._guard(lambda: self._log.event(obj))
+
+    def close(self, *, failing: bool = False) -> None:
+        try:
+            self._log.close()
+        except OSError as err:
+            if not failing:
+                raise self._odir.write_error(AUDIT_FILE, err) from None
+
+    def _guard(self, action: Callable[[], _T]) -> _T:
+        try:
+            return action()
+        except OSError as err:
+            raise self._odir.write_error(AUDIT_FILE, err) from None
+
+
 def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
     """The result already in ``out`` when it was made from the same rules and the same
     source weights and still verifies; otherwise why not, for the refusal without --force."""
@@ -340,12 +369,12 @@ def _changes(plan: Plan, run: dict[str, Any]) -> list[str]:
     """What differs between this run and the ``run`` record of an earlier one."""
     rules_sha256 = run.get("rules_sha256")
     if rules_sha256 != plan.rules.sha256:
-        return [f"other rules (rules sha256 {str(rules_sha256)[:12]}... in its audit, "
-                f"{plan.rules.sha256[:12]}... for {plan.rules.path})"]
+        return [(f"other rules (rules sha256 {str(rules_sha256)[:12]}... in its audit, "
+                 f"{plan.rules.sha256[:12]}... for {plan.rules.path})")]
     before = run.get("sources") if isinstance(run.get("sources"), dict) else {}
     if set(before) != set(plan.sources):
-        return [f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
-                f"{', '.join(map(repr, sorted(plan.sources)))}"]
+        return [(f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
+                 f"{', '.join(map(repr, sorted(plan.sources)))}")]
     changed = []
     for name, now in sorted(plan.sources.items()):
         then = before[name] if isinstance(before[name], dict) else {}

@@ -364,6 +364,10 @@ class OutputDir:
             self._fsync_parent()
         return self.out
 
+    def write_error(self, name: str, err: OSError) -> OutputError:
+        """The one-line message for a failed write of ``name`` in OUT (e.g. the audit log)."""
+        return _io_error("writing", self.out / name, err)
+
     def remove_stale(self) -> tuple[Path, ...]:
         """Without writing OUT, remove what killed runs left beside it (temporary siblings
         and the lock file), for a rerun that finds OUT up to date. Leaves everything alone
