@@ -237,9 +237,9 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             _prefetch(plan)
             bar = _progress_bar(layout.total_bytes, progress)
             with ShardWriter(odir, layout) as writer:
-                ordered = _execution_order(plan)
-                copies = [o for o in ordered if _local_file(o, plan) is not None]
-                streamed = [o for o in ordered if _local_file(o, plan) is None]
+                ordered = [(o, _local_file(o, plan)) for o in _execution_order(plan)]
+                copies = [(o, local) for o, local in ordered if local is not None]
+                streamed = [o for o, local in ordered if local is None]
                 # Kernel copies (I/O) on this thread, gathers and casts (Python) on another:
                 # on two cores they overlap.
                 stop = threading.Event()
@@ -274,12 +274,14 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                        stale_removed=odir.stale_removed)
 
 
-def _write_copies(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, layout: Any,
-                  written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
+def _written(out: OutputPlan, layout: Any, sha256: str) -> WrittenTensor:
+    return WrittenTensor(out.key, layout.placement(out.key).file, out.shape, out.dtype, sha256, out.origin())
+
+
+def _write_copies(outputs: list[tuple[OutputPlan, tuple[Path, int, int]]], plan: Plan, writer: ShardWriter,
+                  layout: Any, written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
     """Verbatim copies from local files: in the kernel, never through Python memory."""
-    for o in outputs:
-        local = _local_file(o, plan)
-        assert local is not None
+    for o, local in outputs:
         if stop.is_set():
             return
         with open(local[0], "rb") as src:
@@ -287,7 +289,7 @@ def _write_copies(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, la
             sha = writer.finish_tensor(o.key)
         if bar is not None:
             bar.update(local[2])
-        written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin()))
+        written.append(_written(o, layout, sha))
 
 
 def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, layout: Any,
@@ -305,7 +307,7 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
                 if bar is not None:
                     bar.update(len(chunk))
             sha = writer.finish_tensor(o.key)
-            written.append(WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, sha, o.origin()))
+            written.append(_written(o, layout, sha))
     except BaseException:
         stop.set()  # the copying thread stops at its next tensor
         raise
