@@ -13,7 +13,8 @@ from typing import Any
 
 from .errors import SourceNotFoundError
 from .sources.resolve import open_location
-from .vocab import Alignment, Encoding, VocabMap, load_vocab_file, vocab_map_from_bytes
+from .sources.vocab_files import load_vocab_file
+from .vocab import Alignment, Encoding, VocabMap, vocab_map_from_bytes
 
 _MAP_FILES = (".json", ".pt", ".pth")
 

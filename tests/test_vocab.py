@@ -22,7 +22,8 @@ from ckptxform.errors import (
     UsageError,
     VocabMapError,
 )
-from ckptxform.vocab import Alignment, VocabMap, load_vocab_file, vocab_map_from_bytes
+from ckptxform.sources.vocab_files import load_vocab_file
+from ckptxform.vocab import Alignment, VocabMap, vocab_map_from_bytes
 
 # Small stand-ins of real maps: a 2,000-token verifier vocabulary, a 300-token draft
 # vocabulary, sorted ascending, sharing the first 40 (special and byte) tokens like the

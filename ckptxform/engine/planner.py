@@ -17,7 +17,8 @@ from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_key
 from ..rules.loader import regex_literal
 from ..rules.model import AddEntry, RuleSet, TensorRule
 from ..sources.base import Checkpoint, TensorInfo
-from ..vocab import Alignment, VocabMap, load_vocab_file, vocab_map_from_bytes
+from ..sources.vocab_files import load_vocab_file
+from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
 from .config_builder import build_config
 from .recipes import CopyTensor, GatherRows, OutputPlan, SourceRecord, TensorRecord, VocabField
 

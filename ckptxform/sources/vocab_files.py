@@ -1,0 +1,194 @@
+"""Read a draft-vocabulary map (``d2t``, optionally ``t2d``) from a standalone file.
+
+A rule can take a vocabulary map from a file instead of a checkpoint source: a
+``.safetensors`` file (a whole drafter's ``model.safetensors`` works: only the header and
+the ``d2t``/``t2d`` bytes are read), a pickled ``.pt``/``.pth``/``.bin`` as SpecForge
+writes its vocab-mapping files, or ``.json``. Each format is decoded into the values
+``VocabMap.from_d2t`` checks; the map's logic lives in ``ckptxform.vocab``.
+
+Only ``.pt``/``.pth``/``.bin`` files import torch, lazily, so ``plan`` with a safetensors
+or JSON vocab file stays torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ckptxform.errors import (
+    CheckpointFormatError,
+    SourceNotFoundError,
+    UsageError,
+    VocabMapError,
+)
+from ckptxform.sources.safetensors_header import read_header
+from ckptxform.vocab import Encoding, VocabMap, vocab_map_from_bytes
+
+__all__ = ["load_vocab_file"]
+
+
+def load_vocab_file(
+    path: str | Path,
+    *,
+    name: str,
+    encoding: Encoding,
+    vocab_size: int | None = None,
+) -> VocabMap:
+    """A ``VocabMap`` from a standalone vocabulary file holding ``d2t`` (and optionally
+    ``t2d``): ``.safetensors``; ``.pt``/``.pth``/``.bin`` (a dict with ``d2t``/``t2d`` or
+    a bare ``d2t`` tensor, as SpecForge's vocab-mapping files; loaded with
+    ``weights_only=True``); or ``.json`` (a list of ints or ``{"d2t": [...], "t2d": [...]}``).
+
+    >>> load_vocab_file("vocab_mapping.pt", name="k25", encoding="offset")  # doctest: +SKIP
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise SourceNotFoundError(
+            f"vocab file '{path}' does not exist; fix: check the path", path=str(path)
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return _load_safetensors(path, name, encoding, vocab_size)
+    if suffix in (".pt", ".pth", ".bin"):
+        return _load_torch(path, name, encoding, vocab_size)
+    if suffix == ".json":
+        return _load_json(path, name, encoding, vocab_size)
+    raise UsageError(
+        f"vocab file '{path}': unsupported file type {suffix or '(none)'!r}; fix: give a "
+        ".safetensors, .pt, .pth, .bin or .json file holding d2t",
+        path=str(path),
+    )
+
+
+def _load_safetensors(
+    path: Path, name: str, encoding: Encoding, vocab_size: int | None
+) -> VocabMap:
+    """Reads the header (with the project's strict header parser) and only the d2t/t2d
+    bytes, so a whole drafter's model.safetensors works as a vocab file too."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+
+        def read_at(offset: int, length: int) -> bytes:
+            f.seek(offset)
+            return f.read(length)
+
+        infos, _ = read_header(read_at, file=path.name, file_size=size, label=f"vocab file '{path}'")
+        raw: dict[str, tuple[bytes, str]] = {}
+        for info in infos:
+            if info.key in ("d2t", "t2d"):
+                _check_one_dim(path, info.key, info.shape)
+                raw[info.key] = (read_at(info.offset, info.nbytes), info.dtype)
+    if "d2t" not in raw:
+        tensors = ", ".join(repr(i.key) for i in sorted(infos, key=lambda i: i.key))
+        raise VocabMapError(
+            f"vocab file '{path}' has no tensor 'd2t' (has: {tensors or '(none)'}); fix: "
+            "give a file holding the drafter's d2t",
+            path=str(path),
+            key="d2t",
+        )
+    t2d_raw, t2d_dtype = raw.get("t2d", (None, None))
+    return vocab_map_from_bytes(
+        name,
+        raw["d2t"][0],
+        raw["d2t"][1],
+        t2d_raw,
+        t2d_dtype,
+        encoding=encoding,
+        vocab_size=vocab_size,
+        origin=f"file '{path}'",
+    )
+
+
+def _check_one_dim(path: Path, key: str, shape: Sequence[int]) -> None:
+    if len(shape) != 1:
+        expected = "[draft_vocab]" if key == "d2t" else "[vocab]"
+        raise VocabMapError(
+            f"vocab file '{path}': tensor {key!r} has shape {list(shape)}; fix: {key} must "
+            f"be one-dimensional, {expected}",
+            path=str(path),
+            key=key,
+        )
+
+
+def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointFormatError(
+            f"vocab file '{path}' cannot be loaded with weights_only=True ({first_line}); "
+            "fix: save the map as plain tensors (torch.save({'d2t': d2t, 't2d': t2d}, ...))",
+            path=str(path),
+        ) from None
+    tensors = {"d2t": obj} if isinstance(obj, torch.Tensor) else obj
+    if not isinstance(tensors, dict) or not isinstance(tensors.get("d2t"), torch.Tensor):
+        found = (
+            ", ".join(repr(k) for k in sorted(map(str, tensors)))
+            if isinstance(tensors, dict)
+            else type(obj).__name__
+        )
+        raise VocabMapError(
+            f"vocab file '{path}' holds no tensor 'd2t' (found: {found or '(none)'}); fix: "
+            "give a dict with a 'd2t' tensor (and optionally 't2d') or a bare d2t tensor",
+            path=str(path),
+            key="d2t",
+        )
+    d2t = tensors["d2t"]
+    t2d = tensors.get("t2d")
+    _check_one_dim(path, "d2t", tuple(d2t.shape))
+    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+        raise VocabMapError(
+            f"vocab file '{path}': d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
+            "tensor (torch.int64)",
+            path=str(path),
+            key="d2t",
+        )
+    flags = None
+    if isinstance(t2d, torch.Tensor):
+        _check_one_dim(path, "t2d", tuple(t2d.shape))
+        flags = t2d.tolist()
+    return VocabMap.from_d2t(
+        name,
+        d2t.tolist(),
+        encoding=encoding,
+        vocab_size=vocab_size,
+        t2d=flags,
+        origin=f"file '{path}'",
+    )
+
+
+def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointFormatError(
+            f"vocab file '{path}' is not valid JSON ({err}); fix: give a list of ints or "
+            '{"d2t": [...], "t2d": [...]}',
+            path=str(path),
+        ) from None
+    d2t, t2d = (data, None) if isinstance(data, list) else (None, None)
+    if isinstance(data, dict):
+        d2t, t2d = data.get("d2t"), data.get("t2d")
+    if not isinstance(d2t, list) or (t2d is not None and not isinstance(t2d, list)):
+        raise VocabMapError(
+            f"vocab file '{path}' holds no d2t list; fix: give a list of ints or "
+            '{"d2t": [...], "t2d": [...]}',
+            path=str(path),
+            key="d2t",
+        )
+    for i, v in enumerate(d2t):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise VocabMapError(
+                f"vocab file '{path}': d2t[{i}] is {v!r}, not an integer; fix: d2t must be "
+                "a list of integers",
+                path=str(path),
+                key="d2t",
+            )
+    return VocabMap.from_d2t(
+        name, d2t, encoding=encoding, vocab_size=vocab_size, t2d=t2d, origin=f"file '{path}'"
+    )
