@@ -18,14 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ckptxform.dtypes import from_torch_dtype
-from ckptxform.engine.writer import (
-    OutputDir,
-    OutputLayout,
-    OutputTensorSpec,
-    ShardWriter,
-    plan_layout,
-)
-from ckptxform.errors import OutputError, PlanError, UsageError
+from ckptxform.engine.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ckptxform.engine.outdir import OutputDir
+from ckptxform.engine.writer import ShardWriter
+from ckptxform.errors import CkptxformError, OutputError, PlanError, UsageError
 
 MiB = 1 << 20
 
@@ -56,14 +52,14 @@ def sample_tensors() -> dict[str, torch.Tensor]:
 def write_all(out: Path, tensors: dict[str, torch.Tensor], *, max_shard_size: int | None = None,
               chunk: int = 5, force: bool = False) -> tuple[OutputLayout, dict[str, str]]:
     layout = plan_layout([spec_of(k, t) for k, t in tensors.items()], max_shard_size=max_shard_size)
-    digests = {}
     with OutputDir(out, force=force) as od:
         with ShardWriter(od, layout) as shards:
             for key, t in tensors.items():
                 data = tensor_bytes(t)
                 for i in range(0, len(data), chunk):
                     shards.write(key, data[i : i + chunk])
-                digests[key] = shards.finish_tensor(key)
+                shards.finish_tensor(key)
+        digests = {key: shards.digest(key) for key in tensors}
         od.commit()
     return layout, digests
 
@@ -201,7 +197,8 @@ def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_pat
             shards.write("big", big[: 2 * MiB])
             shards.write("big", memoryview(big)[2 * MiB : 2 * MiB + 100])
             shards.write("big", big[2 * MiB + 100 :])
-            assert shards.finish_tensor("big") == hashlib.sha256(big).hexdigest()
+            shards.finish_tensor("big")
+            assert shards.digest("big") == hashlib.sha256(big).hexdigest()
             # a writable buffer refilled after each write must still hash what was written
             buf = bytearray(2 * MiB)
             for i in range(0, len(big), len(buf)):
@@ -209,13 +206,54 @@ def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_pat
                 buf[:n] = big[i : i + n]
                 shards.write("reused", memoryview(buf)[:n])
                 buf[:] = b"\xff" * len(buf)
-            assert shards.finish_tensor("reused") == hashlib.sha256(big).hexdigest()
+            shards.finish_tensor("reused")
+            assert shards.digest("reused") == hashlib.sha256(big).hexdigest()
             assert shards.bytes_written == 2 * len(big)
         od.commit()
     data = (tmp_path / "out" / "model.safetensors").read_bytes()
     start = layout.placement("big").offset
     assert data[start : start + len(big)] == big
     assert data[start + len(big) :] == big
+
+
+def test_kernel_copies_land_in_place_and_hash_what_was_copied(tmp_path: Path) -> None:
+    # several tensors from two source files, one copied in two parts, one mixed with writes:
+    # hashing runs on other threads after copy_from returns and must still follow byte order
+    a, b = os.urandom(3 * MiB + 7), os.urandom(2 * MiB + 1)
+    (tmp_path / "a.bin").write_bytes(b"HEAD" + a)
+    (tmp_path / "b.bin").write_bytes(b)
+    tensors = {"x": a, "y": b[:MiB], "z": b[MiB:] + a[:5], "w": a[1:]}
+    layout = plan_layout([u8(k, len(v)) for k, v in tensors.items()], max_shard_size=4 * MiB)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout) as shards:
+            shards.copy_from("x", tmp_path / "a.bin", 4, MiB)
+            shards.copy_from("x", tmp_path / "a.bin", 4 + MiB, len(a) - MiB)
+            shards.copy_from("y", tmp_path / "b.bin", 0, MiB)
+            shards.copy_from("z", tmp_path / "b.bin", MiB, len(b) - MiB)
+            shards.write("z", a[:5])
+            shards.write("w", a[1:MiB])
+            shards.copy_from("w", tmp_path / "a.bin", 4 + MiB, len(a) - MiB)
+            for key in tensors:
+                shards.finish_tensor(key)
+        od.commit()
+    assert {k: shards.digest(k) for k in tensors} == {k: hashlib.sha256(v).hexdigest() for k, v in tensors.items()}
+    for key, value in tensors.items():
+        with safe_open(tmp_path / "out" / layout.placement(key).file, "pt") as f:
+            assert tensor_bytes(f.get_tensor(key)) == value, key
+
+
+def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(2 * MiB))
+    layout = plan_layout([u8("w", 4 * MiB)], max_shard_size=None)
+    with pytest.raises(CkptxformError) as err:
+        with OutputDir(tmp_path / "out") as od:
+            with ShardWriter(od, layout) as shards:
+                shards.copy_from("w", src, 0, 4 * MiB)  # past the end of the source
+                shards.finish_tensor("w")
+            od.commit()
+    assert "src.bin" in str(err.value) and "truncated" in str(err.value)
+    assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == ["src.bin"]
 
 
 def test_write_json_puts_config_next_to_the_weights_and_refuses_weight_names(tmp_path: Path) -> None:
@@ -386,7 +424,7 @@ def test_an_interrupted_replacement_keeps_the_old_output_when_out_is_missing(tmp
 
 LOCK_HOLDER = """
     import sys
-    from ckptxform.engine.writer import OutputDir
+    from ckptxform.engine.outdir import OutputDir
     with OutputDir(sys.argv[1]):
         print("locked", flush=True)
         sys.stdin.read()
@@ -419,7 +457,9 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_lock_is_held(tmp_p
 WRITE_4MIB = """
     import resource, signal, sys
     from pathlib import Path
-    from ckptxform.engine.writer import OutputDir, OutputTensorSpec, ShardWriter, plan_layout
+    from ckptxform.engine.layout import OutputTensorSpec, plan_layout
+    from ckptxform.engine.outdir import OutputDir
+    from ckptxform.engine.writer import ShardWriter
     from ckptxform.errors import OutputError
     if len(sys.argv) > 2:
         # CPython ignores SIGXFSZ at startup; restore the default an embedding host may

@@ -22,9 +22,11 @@ from loguru import logger
 from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, PlanError
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
+from .layout import OutputTensorSpec, plan_layout
+from .outdir import OutputDir
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
-from .writer import OutputDir, OutputTensorSpec, ShardWriter, plan_layout
+from .writer import ShardWriter
 
 _T = TypeVar("_T")
 
@@ -99,7 +101,7 @@ def _gather(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryv
         buf = bytearray(len(rows) * width)
         for j, (row, target) in enumerate(zip(rows, targets)):
             buf[j * width:(j + 1) * width] = present[row] if row >= 0 else missing[target]
-        yield buf
+        yield memoryview(buf).toreadonly()  # never refilled: the writer may hash it after write returns
 
 
 class _Filler:
@@ -219,7 +221,6 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                          file_name=plan.rules.output.file_name)
     if progress is None:
         progress = sys.stderr.isatty()
-    written: list[WrittenTensor] = []
     if not force and os.path.lexists(out):
         previous = _previous_run(plan, Path(out))
         if isinstance(previous, str):
@@ -244,9 +245,9 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                 # on two cores they overlap.
                 stop = threading.Event()
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
-                    background = pool.submit(_write_streamed, streamed, plan, writer, layout, written, bar, stop)
+                    background = pool.submit(_write_streamed, streamed, plan, writer, bar, stop)
                     try:
-                        _write_copies(copies, plan, writer, layout, written, bar, stop)
+                        _write_copies(copies, writer, bar, stop)
                     except BaseException:
                         stop.set()  # the other thread stops at its next chunk; the pool waits for it
                         raise
@@ -256,9 +257,13 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                     config_path = writer.write_json("config.json", plan.config)
                     config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
                 bytes_written = writer.bytes_written
+            # closing the writer waited for every hash
+            written = sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
+                                            writer.digest(o.key), o.origin()) for o in plan.outputs),
+                             key=lambda w: w.key)
             if bar is not None:
                 bar.close()
-            for item in sorted(written, key=lambda w: w.key):
+            for item in written:
                 audit.event(item.to_event())
             audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(),
                          "written": len(written), "bytes_written": bytes_written,
@@ -269,31 +274,25 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             raise
         audit.close()
         final = odir.commit()
-    return ApplyResult(out=final, plan=plan, written=tuple(sorted(written, key=lambda w: w.key)),
+    return ApplyResult(out=final, plan=plan, written=tuple(written),
                        audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
                        stale_removed=odir.stale_removed)
 
 
-def _written(out: OutputPlan, layout: Any, sha256: str) -> WrittenTensor:
-    return WrittenTensor(out.key, layout.placement(out.key).file, out.shape, out.dtype, sha256, out.origin())
-
-
-def _write_copies(outputs: list[tuple[OutputPlan, tuple[Path, int, int]]], plan: Plan, writer: ShardWriter,
-                  layout: Any, written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
+def _write_copies(outputs: list[tuple[OutputPlan, tuple[Path, int, int]]], writer: ShardWriter, bar: Any,
+                  stop: threading.Event) -> None:
     """Verbatim copies from local files: in the kernel, never through Python memory."""
-    for o, local in outputs:
+    for o, (path, offset, length) in outputs:
         if stop.is_set():
             return
-        with open(local[0], "rb") as src:
-            writer.copy_from(o.key, src.fileno(), local[1], local[2])
-            sha = writer.finish_tensor(o.key)
+        writer.copy_from(o.key, path, offset, length)
+        writer.finish_tensor(o.key)
         if bar is not None:
-            bar.update(local[2])
-        written.append(_written(o, layout, sha))
+            bar.update(length)
 
 
-def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, layout: Any,
-                    written: list[WrittenTensor], bar: Any, stop: threading.Event) -> None:
+def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, bar: Any,
+                    stop: threading.Event) -> None:
     """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
     try:
         for o in outputs:
@@ -306,8 +305,7 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
                 writer.write(o.key, chunk)
                 if bar is not None:
                     bar.update(len(chunk))
-            sha = writer.finish_tensor(o.key)
-            written.append(_written(o, layout, sha))
+            writer.finish_tensor(o.key)
     except BaseException:
         stop.set()  # the copying thread stops at its next tensor
         raise

@@ -1,0 +1,201 @@
+"""The output layout: every shard's header and every tensor's offset, fixed from the plan.
+
+The plan knows each output tensor's key, dtype and shape before any byte is read, so the
+files can be created at full size and each tensor written straight to its offset.
+
+Example::
+
+    layout = plan_layout([OutputTensorSpec("w", "BF16", (4, 8))], max_shard_size=None)
+    layout.placement("w").offset   # 96: after the 8-byte length and the padded header
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ckptxform.dtypes import DTYPE_SIZES, nbytes
+from ckptxform.errors import OutputError, PlanError, UsageError
+
+#: the safetensors library refuses headers larger than this
+_MAX_HEADER_BYTES = 100_000_000
+
+_DEFAULT_METADATA: Mapping[str, str] = MappingProxyType({"format": "pt"})
+
+
+@dataclass(frozen=True)
+class OutputTensorSpec:
+    """One output tensor as the plan knows it before any byte is read."""
+
+    key: str
+    dtype: str  # safetensors name, e.g. "BF16"
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.key or self.key == "__metadata__":
+            raise PlanError(f"output tensor name {self.key!r} is reserved by safetensors; "
+                            "rename it in the rule file", key=self.key)
+        if self.dtype not in DTYPE_SIZES:
+            raise PlanError(f"output tensor {self.key!r}: unknown dtype {self.dtype!r} "
+                            f"(known: {', '.join(DTYPE_SIZES)})", key=self.key)
+        if any(not isinstance(d, int) or d < 0 for d in self.shape):
+            raise PlanError(f"output tensor {self.key!r}: invalid shape {list(self.shape)}; "
+                            "dimensions must be non-negative integers", key=self.key)
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return nbytes(self.dtype, self.shape)
+
+
+@dataclass(frozen=True)
+class TensorPlacement:
+    """Where one tensor's bytes go: ``offset`` is absolute in ``file``."""
+
+    spec: OutputTensorSpec
+    file: str
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """One output file: its complete header (8-byte length + padded JSON) and tensors."""
+
+    file: str
+    header: bytes
+    tensors: tuple[TensorPlacement, ...]
+    data_nbytes: int
+
+    @property
+    def file_nbytes(self) -> int:
+        return len(self.header) + self.data_nbytes
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Every output file and where each tensor lives in it. ``index_file`` is None when
+    the output is a single file."""
+
+    shards: tuple[ShardLayout, ...]
+    index_file: str | None
+    _placements: Mapping[str, TensorPlacement] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        table = {p.spec.key: p for shard in self.shards for p in shard.tensors}
+        object.__setattr__(self, "_placements", MappingProxyType(table))
+
+    @property
+    def placements(self) -> Mapping[str, TensorPlacement]:
+        """Every tensor, by key, in data order."""
+        return self._placements
+
+    def placement(self, key: str) -> TensorPlacement:
+        try:
+            return self._placements[key]
+        except KeyError:
+            raise OutputError(f"tensor {key!r} is not in the output layout "
+                              f"(it has {len(self._placements)} tensors)", key=key) from None
+
+    @property
+    def total_bytes(self) -> int:
+        """Tensor data bytes of all shards (the index's ``total_size``)."""
+        return sum(s.data_nbytes for s in self.shards)
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of all shard files, headers included."""
+        return sum(s.file_nbytes for s in self.shards)
+
+    def index_json(self) -> dict[str, Any]:
+        """The standard ``model.safetensors.index.json`` content (also valid when unsharded)."""
+        weight_map = {key: self._placements[key].file for key in sorted(self._placements)}
+        return {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+
+
+def plan_layout(
+    specs: Sequence[OutputTensorSpec],
+    *,
+    max_shard_size: int | None,
+    file_name: str = "model.safetensors",
+    metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
+) -> OutputLayout:
+    """Lay out ``specs`` (kept in order) in shards of at most ``max_shard_size`` data bytes.
+
+    A tensor larger than the limit gets a shard of its own, as huggingface does. One shard
+    is named ``file_name``; several are ``model-00001-of-00003.safetensors`` and an index.
+
+    >>> layout = plan_layout([OutputTensorSpec("a", "F32", (4,))], max_shard_size=None)
+    >>> layout.shards[0].file, layout.shards[0].tensors[0].offset
+    ('model.safetensors', 96)
+    """
+    if max_shard_size is not None and max_shard_size <= 0:
+        raise UsageError(f"max_shard_size must be positive, got {max_shard_size}")
+    if not file_name.endswith(".safetensors") or "/" in file_name or file_name == ".safetensors":
+        raise UsageError(f"output file name {file_name!r} must be a plain name ending in "
+                         "'.safetensors', e.g. 'model.safetensors'")
+    if metadata is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                        for k, v in metadata.items()):
+        raise UsageError("safetensors metadata must map strings to strings")
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.key in seen:
+            raise PlanError(f"output tensor {spec.key!r} is produced twice; "
+                            "make the rules give each output a distinct name", key=spec.key)
+        seen.add(spec.key)
+
+    groups = _pack(specs, max_shard_size)
+    if len(groups) == 1:
+        names = [file_name]
+        index_file = None
+    else:
+        stem = file_name.removesuffix(".safetensors")
+        names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
+        index_file = f"{file_name}.index.json"
+    shards = tuple(_shard(name, group, metadata) for name, group in zip(names, groups, strict=True))
+    return OutputLayout(shards=shards, index_file=index_file)
+
+
+def _pack(specs: Sequence[OutputTensorSpec], limit: int | None) -> list[list[OutputTensorSpec]]:
+    """Greedy, order-keeping packing; always at least one (possibly empty) group. A tensor
+    over the limit lands alone: it starts a group, and the group is then over the limit."""
+    groups: list[list[OutputTensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        if limit is not None and groups[-1] and size + spec.nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(spec)
+        size += spec.nbytes
+    return groups
+
+
+def _shard(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None) -> ShardLayout:
+    # JSON keys follow data order (the safetensors library sorts by alignment instead;
+    # readers do not care, and data order keeps the file in the plan's order).
+    header: dict[str, Any] = {}
+    if metadata is not None:
+        header["__metadata__"] = dict(metadata)
+    start = 0
+    for spec in group:
+        header[spec.key] = {"dtype": spec.dtype, "shape": list(spec.shape),
+                            "data_offsets": [start, start + spec.nbytes]}
+        start += spec.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)  # pad like the library so data starts 8-aligned
+    if len(text) > _MAX_HEADER_BYTES:
+        raise PlanError(f"the header of {name!r} would be {len(text)} bytes, more than "
+                        f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")
+    blob = len(text).to_bytes(8, "little") + text
+    placements, offset = [], len(blob)
+    for spec in group:
+        placements.append(TensorPlacement(spec=spec, file=name, offset=offset))
+        offset += spec.nbytes
+    return ShardLayout(file=name, header=blob, tensors=tuple(placements), data_nbytes=start)
+
