@@ -7,10 +7,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from loguru import logger
-
 from .engine.execute import ApplyResult, execute
 from .engine.planner import Plan, build_plan, needed_sources
+from .log import logger
 from .rules.loader import load_rules
 from .rules.model import RuleSet
 from .sources.base import Checkpoint

@@ -16,16 +16,13 @@ from typing import Any, TypeVar
 import click
 
 from .errors import CkptxformError, RuleError, UsageError
+from .log import configure_stderr
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _configure_logging(quiet: bool, verbose: bool) -> None:
-    from loguru import logger
-
-    logger.remove()
-    level = "WARNING" if quiet else ("DEBUG" if verbose else "INFO")
-    logger.add(sys.stderr, level=level, format="<level>{level: <7}</level> {message}", colorize=None)
+    configure_stderr("WARNING" if quiet else ("DEBUG" if verbose else "INFO"))
 
 
 def _reports_errors(func: F) -> F:

@@ -17,10 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loguru import logger
-
 from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, PlanError
+from ..log import logger
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .layout import OutputTensorSpec, plan_layout
 from .outdir import OutputDir
@@ -96,12 +95,26 @@ def _gather(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryv
     for first in range(0, len(recipe.rows), block):
         rows = recipe.rows[first:first + block]
         targets = recipe.targets[first:first + block]
-        present = ckpt.read_rows(info, [r for r in rows if r >= 0])
-        missing = fill.rows([t for r, t in zip(rows, targets) if r < 0])
         buf = bytearray(len(rows) * width)
-        for j, (row, target) in enumerate(zip(rows, targets)):
-            buf[j * width:(j + 1) * width] = present[row] if row >= 0 else missing[target]
+        _place_runs(buf, width, ckpt, info, [(j, row) for j, row in enumerate(rows) if row >= 0])
+        fill.place(buf, [(j, target) for j, (row, target) in enumerate(zip(rows, targets)) if row < 0])
         yield memoryview(buf).toreadonly()  # never refilled: the writer may hash it after write returns
+
+
+def _place_runs(buf: bytearray, width: int, ckpt: Any, info: Any, pairs: list[tuple[int, int]],
+                cast: tuple[str, str] | None = None) -> None:
+    """Copy row ``row`` of ``info`` to row ``pos`` of ``buf`` for each ``(pos, row)``: one read
+    and one copy per run of rows adjacent on both sides (in a vocabulary alignment most
+    are), not one per row."""
+    runs: list[list[int]] = []  # [pos, row, count]
+    for pos, row in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == pos and runs[-1][1] + runs[-1][2] == row:
+            runs[-1][2] += 1
+        else:
+            runs.append([pos, row, 1])
+    blobs = ckpt.read_runs(info, [(row, count) for _, row, count in runs])
+    for (pos, _, count), blob in zip(runs, blobs, strict=True):
+        buf[pos * width:(pos + count) * width] = _cast_bytes(blob, *cast) if cast else blob
 
 
 class _Filler:
@@ -112,28 +125,31 @@ class _Filler:
         self._generator: Any = None
         self._mean: bytes | None = None
 
-    def rows(self, targets: list[int]) -> dict[int, bytes]:
-        if not targets:
-            return {}
+    def place(self, buf: bytearray, missing: list[tuple[int, int]]) -> None:
+        """Fill row ``pos`` of ``buf`` for each ``(pos, target token id)`` in ``missing``."""
+        if not missing:
+            return
         spec = self.recipe.fill
         if spec is None:
             raise PlanError(f"{self.recipe.key!r}: rows are missing and no missing_rows was given")
+        width = self.width
         if spec.init == "rows_of":
             assert spec.rows_of is not None and spec.tensor is not None
             ckpt = self.plan.checkpoints[spec.rows_of]
             info = ckpt.tensors[spec.tensor]
-            got = ckpt.read_rows(info, targets)
-            if info.dtype != self.dtype:
-                return {t: _cast_bytes(b, info.dtype, self.dtype) for t, b in got.items()}
-            return got
-        if spec.init == "zeros":
-            zero = bytes(self.width)
-            return {t: zero for t in targets}
-        if spec.init == "mean":
+            cast = (info.dtype, self.dtype) if info.dtype != self.dtype else None
+            _place_runs(buf, width, ckpt, info, missing, cast)
+        elif spec.init == "zeros":
+            pass  # a new buffer is zeros already
+        elif spec.init == "mean":
             if self._mean is None:
                 self._mean = self._mean_row()
-            return {t: self._mean for t in targets}
-        return self._normal(targets, spec.std, spec.seed)
+            for pos, _ in missing:
+                buf[pos * width:(pos + 1) * width] = self._mean
+        else:
+            raw = self._normal(len(missing), spec.std, spec.seed)
+            for i, (pos, _) in enumerate(missing):
+                buf[pos * width:(pos + 1) * width] = raw[i * width:(i + 1) * width]
 
     def _mean_row(self) -> bytes:
         import torch
@@ -152,16 +168,15 @@ class _Filler:
         mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
         return _tensor_bytes(mean)
 
-    def _normal(self, targets: list[int], std: float, seed: int) -> dict[int, bytes]:
+    def _normal(self, count: int, std: float, seed: int) -> bytes:
         import torch
 
         from ..dtypes import torch_dtype
 
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(seed)
-        values = torch.randn((len(targets), *self.row_shape), generator=self._generator, dtype=torch.float32) * std
-        raw = _tensor_bytes(values.to(torch_dtype(self.dtype)))
-        return {t: raw[i * self.width:(i + 1) * self.width] for i, t in enumerate(targets)}
+        values = torch.randn((count, *self.row_shape), generator=self._generator, dtype=torch.float32) * std
+        return _tensor_bytes(values.to(torch_dtype(self.dtype)))
 
 
 def _vocab_field(out: OutputPlan, plan: Plan) -> Iterator[bytes]:

@@ -22,9 +22,9 @@ import shutil
 from pathlib import Path
 from types import TracebackType
 
-from loguru import logger
-
 from ckptxform.errors import OutputError, UsageError
+from ckptxform.log import logger
+
 
 
 def _pid_alive(pid: int) -> bool:

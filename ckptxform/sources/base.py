@@ -70,13 +70,18 @@ class Checkpoint(ABC):
             )
         return length
 
+    def read_runs(self, info: TensorInfo, runs: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(first, count)`` run of adjacent rows of ``info``, in the
+        order given; remote sources override this to batch range requests."""
+        width = info.row_nbytes
+        return [self.read(info, first * width, count * width) for first, count in runs]
+
     def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
-        """The bytes of each requested row. Runs of adjacent rows are read at once;
-        remote sources override this to batch range requests."""
+        """The bytes of each requested row; runs of adjacent rows are read at once."""
         out: dict[int, bytes] = {}
         width = info.row_nbytes
-        for first, count in row_runs(rows):
-            blob = self.read(info, first * width, count * width)
+        runs = row_runs(rows)
+        for (first, count), blob in zip(runs, self.read_runs(info, runs), strict=True):
             for i in range(count):
                 out[first + i] = blob[i * width : (i + 1) * width]
         return out

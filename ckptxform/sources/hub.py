@@ -39,10 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from loguru import logger
-
 from ckptxform.errors import CheckpointFormatError, CkptxformError, EntryNotFoundError, UsageError
-from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
+from ckptxform.log import logger
+from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.hub_errors import CutResponse, HubWhere, Retry, call_hub
 from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
@@ -160,22 +159,17 @@ class HubCheckpoint(Checkpoint):
         span = Span(info.offset + start, info.offset + start + length)
         return self._read_spans(info.file, [span])[0]
 
-    def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
+    def read_runs(self, info: TensorInfo, runs: Sequence[tuple[int, int]]) -> list[bytes]:
         count = info.shape[0] if info.shape else 1
-        outside = sorted({r for r in rows if not 0 <= r < count})
+        outside = sorted({r for first, n in runs for r in (first, first + n - 1) if not 0 <= r < count})
         if outside:
             raise UsageError(
                 f"{self._who()}: rows {outside[:5]} are outside tensor {info.key!r}, which has {count} rows",
                 key=info.key,
             )
         width = info.row_nbytes
-        runs = row_runs(rows)
         spans = [Span(info.offset + first * width, info.offset + (first + n) * width) for first, n in runs]
-        out: dict[int, bytes] = {}
-        for (first, n), blob in zip(runs, self._read_spans(info.file, spans)):
-            for i in range(n):
-                out[first + i] = blob[i * width : (i + 1) * width]
-        return out
+        return self._read_spans(info.file, spans)
 
     def tensors_of_file(self, file: str) -> list[TensorInfo]:
         """Every tensor of ``file``, from its own header alone: the base class scans

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from loguru import logger
-
 from ckptxform.errors import (
     CkptxformError,
     EntryNotFoundError,
@@ -26,6 +24,7 @@ from ckptxform.errors import (
     RepoNotFoundError,
     RevisionNotFoundError,
 )
+from ckptxform.log import logger
 
 _TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 _T = TypeVar("_T")
