@@ -31,6 +31,14 @@ SMALL_DIMS = KIMI_K2.scaled(hidden=16, head_dim=8, vocab=512, draft_vocab=64, ve
 HEADLINE_SEED = 11
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the tests' cache (rule files found valid) out of the user's ~/.cache; set in
+    os.environ so the CLI subprocesses use it too."""
+    os.environ["CKPTXFORM_CACHE_DIR"] = str(tmp_path_factory.mktemp("ckptxform-cache"))
+    os.environ.pop("CKPTXFORM_NO_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def headline_rule() -> Path:
     """The shipped headline rule file, untouched."""

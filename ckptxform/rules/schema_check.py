@@ -11,13 +11,15 @@ from __future__ import annotations
 import difflib
 import json
 from functools import lru_cache
-from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from .._data import data_dir
+from . import validity_cache
 from .yaml_source import YamlDocument
+
+if TYPE_CHECKING:  # jsonschema is imported only when a document must be checked
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
 
 _YAML_TYPES = {
     dict: "a mapping",
@@ -40,15 +42,21 @@ _SCHEMA_TYPES = {
 
 
 @lru_cache(maxsize=1)
+def _schema_text() -> str:
+    return (data_dir("schemas") / "rules.schema.json").read_text("utf-8")
+
+
+@lru_cache(maxsize=1)
 def rules_schema() -> dict[str, Any]:
     """The rule-language schema shipped with the package."""
-    text = (data_dir("schemas") / "rules.schema.json").read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    schema: dict[str, Any] = json.loads(_schema_text())
     return schema
 
 
 @lru_cache(maxsize=1)
 def _validator() -> jsonschema.Draft202012Validator:
+    import jsonschema
+
     return jsonschema.Draft202012Validator(rules_schema())
 
 
@@ -67,8 +75,15 @@ def format_path(path: tuple[str | int, ...] | list[str | int]) -> str:
 
 def schema_problems(doc: YamlDocument) -> list[tuple[tuple[int, int], str]]:
     """Every schema violation of ``doc`` as ``((line, col), message)``, in file order."""
+    key = validity_cache.document_key(_schema_text(), doc.data)
+    if key is not None and validity_cache.known_valid(key):
+        return []
     found: dict[str, tuple[int, int]] = {}
     errors = list(_validator().iter_errors(doc.data))
+    if not errors:
+        if key is not None:
+            validity_cache.remember_valid(key)
+        return []
     # An unknown key (a typo of 'source') also makes every one-of form fail; the
     # did-you-mean says it all, a second message listing the forms would be noise.
     unknown_at = {tuple(e.absolute_path) for e in errors if e.validator == "additionalProperties"}
