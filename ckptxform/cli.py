@@ -39,6 +39,8 @@ def _reports_errors(func: F) -> F:
             prefix = "" if isinstance(err, RuleError) else "error: "
             for line in str(err).splitlines():
                 click.echo(f"{prefix}{line}", err=True)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps(_failure(err), indent=2))
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -51,6 +53,17 @@ def _reports_errors(func: F) -> F:
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _failure(err: CkptxformError) -> dict[str, Any]:
+    """What ``--json`` prints when a command fails: the stderr problems plus the fields a
+    script can branch on (which source, file, line, key)."""
+    obj: dict[str, Any] = {"status": "failed", "exit_code": err.exit_code, "error": type(err).__name__,
+                           "messages": str(err).splitlines()}
+    for field in ("path", "line", "col", "source", "key"):
+        if getattr(err, field) is not None:
+            obj[field] = getattr(err, field)
+    return obj
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:

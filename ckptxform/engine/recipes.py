@@ -35,7 +35,7 @@ class GatherRows:
 
     @property
     def rows_from_source(self) -> int:
-        return sum(1 for r in self.rows if r >= 0)
+        return len(self.rows) - self.rows.count(-1)
 
     @property
     def rows_filled(self) -> int:
