@@ -5,9 +5,9 @@
 
 Every command runs in its own process; peak RSS is that process's ru_maxrss (os.wait4).
 Runs alternate between the contenders, the source files are read once first so every
-contender starts from a warm page cache, and the median and the best of the repetitions
-are reported (on a shared vm, interference only ever adds time: the best is the steadier
-estimate of what a command costs).
+contender starts from a warm page cache. Reported: the median and the best wall time, and
+ratios as the median of per-repetition ratios (a contender against cp in the same
+repetition), since the speed of a shared vm drifts between repetitions.
 ckptxform's bytecode is compiled first, as ``pip install`` does (an editable install under
 PYTHONDONTWRITEBYTECODE=1 would otherwise recompile it on every run, ~0.1 s), and the rule
 files are validated once first, as on a user's second run (their schema pass is then
@@ -115,6 +115,12 @@ class Result:
     @property
     def peak_mb(self) -> float:
         return max(self.rss) / 1024
+
+
+def paired_ratio(a: Result, b: Result) -> float:
+    """The median over repetitions of a's time / b's time in the same repetition: on a
+    shared machine whose speed drifts, runs measured minutes apart compare nothing."""
+    return statistics.median(x / y for x, y in zip(a.walls, b.walls, strict=True))
 
 
 def measure(argv: list[str]) -> tuple[float, int]:
@@ -290,18 +296,17 @@ def main() -> None:
                                                           "--out", str(out), "--no-fsync"],
         }
         results = run_contenders(contenders, work, args.reps)
-        cp = results["cp -r"].wall
         report = [f"# ckptxform benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
                   f"({os.cpu_count()} cores, Python {platform.python_version()})",
                   f"drafter: {size / 1e9:.2f} GB in {len(list(src['drafter'].glob('*.safetensors')))} shards; "
-                  f"median and best of {args.reps} runs", "",
-                  "| contender | median (s) | / cp -r | / naive | best (s) | best / cp best | peak RSS (MB) |",
-                  "|---|---|---|---|---|---|---|"]
+                  f"{args.reps} repetitions; ratios: median of per-repetition ratios", "",
+                  "| contender | median (s) | best (s) | / cp -r | / naive | peak RSS (MB) |",
+                  "|---|---|---|---|---|---|"]
         for name, r in results.items():
-            naive = results["naive headline" if "headline" in name else "naive rename"].wall
-            rel_naive = f"{r.wall / naive:.2f}" if name.startswith("ckptxform") else ""
-            report.append(f"| {name} | {r.wall:.2f} | {r.wall / cp:.2f} | {rel_naive} | {r.best:.2f} | "
-                          f"{r.best / results['cp -r'].best:.2f} | {r.peak_mb:.0f} |")
+            naive = results["naive headline" if "headline" in name else "naive rename"]
+            rel_naive = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") else ""
+            report.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, results['cp -r']):.2f} | "
+                          f"{rel_naive} | {r.peak_mb:.0f} |")
         figures: dict[str, object] = {"size_bytes": size, "reps": args.reps,
                                       "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
         if not args.skip_tb:
