@@ -207,7 +207,8 @@ def tb_scenario(work: Path, *, small: bool = False) -> dict[str, float]:
     apparent_target = 10 * 10**9 if small else 1 << 40
     ids_a = make_draft_vocab(vocab, draft, seed=1)
     ids_b = make_draft_vocab(vocab, draft, seed=2)
-    missing = sorted(set(ids_b) - set(ids_a))
+    missing = sorted(set(ids_b) - set(ids_a))  # rows of the target the drafter lacks: from the verifier
+    dropped = len(set(ids_a) - set(ids_b))  # drafter lm_head rows the target does not keep
     root = work / "tb"
     verifier = build_sparse_verifier(root / "verifier", hidden=hidden, vocab=vocab, rows=missing,
                                      apparent_bytes=apparent_target)
@@ -235,7 +236,8 @@ def tb_scenario(work: Path, *, small: bool = False) -> dict[str, float]:
     return {"apparent_bytes": apparent, "missing_rows": len(missing), "row_bytes": hidden * 2,
             "plan_read_bytes": plan["read_bytes"], "plan_wall": plan["wall"],
             "apply_read_bytes": apply["read_bytes"], "apply_wall": apply["wall"],
-            "drafter_bytes": drafter_bytes, "needed_verifier_bytes": len(missing) * hidden * 2}
+            "drafter_bytes": drafter_bytes, "dropped_rows": dropped,
+            "needed_bytes": drafter_bytes - dropped * hidden * 2 + len(missing) * hidden * 2}
 
 
 def _overwrite_vocab(path: Path, vocab_tensors: list[Tensor]) -> None:
@@ -315,8 +317,9 @@ def main() -> None:
             report += ["", f"1 TB scenario: verifier of {tb['apparent_bytes'] / 1e12:.2f} TB apparent (61 sparse shards)",
                        f"- plan: {tb['plan_wall']:.2f} s, {tb['plan_read_bytes'] / 1e6:.2f} MB read",
                        f"- apply: {tb['apply_wall']:.2f} s, {tb['apply_read_bytes'] / 1e9:.3f} GB read "
-                       f"(drafter {tb['drafter_bytes'] / 1e9:.3f} GB + {tb['missing_rows']:,} verifier rows = "
-                       f"{(tb['drafter_bytes'] + tb['needed_verifier_bytes']) / 1e9:.3f} GB needed)"]
+                       f"(needed: the drafter, {tb['drafter_bytes'] / 1e9:.3f} GB, less the {tb['dropped_rows']:,} "
+                       f"lm_head rows the target drops, plus {tb['missing_rows']:,} verifier rows = "
+                       f"{tb['needed_bytes'] / 1e9:.3f} GB)"]
         print("\n".join(report))
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))
