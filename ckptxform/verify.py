@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from .engine.audit import AUDIT_FILE
 from .errors import CkptxformError, VerifyError, quote_keys
 from .sources.safetensors_header import read_header
 
-_CHUNK = 16 << 20
+#: bytes hashed per read: small enough to stay in the core's cache between read and hash
+_CHUNK = 1 << 20
+_HASH_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,31 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     problems: list[str] = []
     on_disk: dict[str, tuple[str, dict[str, Any]]] = {}
     files = sorted({e["file"] for e in written.values()})
-    checked = 0
     unreadable: set[str] = set()
+    # sha256 is one core's work per tensor: hash two tensors at a time (results in file order)
+    pool = ThreadPoolExecutor(max_workers=_HASH_THREADS, thread_name_prefix="ckptxform-verify")
+    try:
+        found, checked = _check_files(root, written, files, on_disk, unreadable, pool)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # an interrupted verify does not hash on
+    problems += found
+    missing = sorted(set(written) - set(on_disk) - unreadable)
+    problems += [f"{root}: tensor {key!r} (audit: {written[key]['file']}) is missing" for key in missing]
+    problems += _check_index(root, written)
+    problems += _check_config(root, summary)
+    if problems:
+        raise VerifyError("\n".join(problems), path=str(root))
+    return VerifyResult(root, len(written), checked)
+
+
+def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str],
+                 on_disk: dict[str, tuple[str, dict[str, Any]]], unreadable: set[str],
+                 pool: ThreadPoolExecutor) -> tuple[list[str], int]:
+    """Every weight file's header and every tensor's sha256 against the audit: the
+    problems in file order, and the bytes hashed."""
+    # a problem, or a hash still running: resolved in this order at the end
+    found: list[str | tuple[Path, str, str, Future[str]]] = []
+    checked = 0
     for file in files:
         path = root / file
         try:
@@ -94,7 +120,7 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
             # one line for the file, not one per tensor: a lost shard may hold thousands
             lost = [key for key, e in written.items() if e["file"] == file]
             unreadable.update(lost)
-            problems.append(f"{path}: {err.strerror}; the output is incomplete: the audit puts {len(lost)} "
+            found.append(f"{path}: {err.strerror}; the output is incomplete: the audit puts {len(lost)} "
                             f"tensor(s) there ({quote_keys(lost, limit=3)})")
             continue
         try:
@@ -103,32 +129,54 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
             for info in infos:
                 entry = written.get(info.key)
                 if entry is None:
-                    problems.append(f"{path}: tensor {info.key!r} is not in the audit log")
+                    found.append(f"{path}: tensor {info.key!r} is not in the audit log")
                     continue
                 on_disk[info.key] = (file, entry)
                 if entry["file"] != file:
-                    problems.append(f"{path}: tensor {info.key!r} is in {file}, the audit says {entry['file']}")
+                    found.append(f"{path}: tensor {info.key!r} is in {file}, the audit says {entry['file']}")
                 if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
-                    problems.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
+                    found.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
                                     f"says {entry['dtype']} {entry['shape']}")
-                digest = hashlib.sha256()
-                for start in range(0, info.nbytes, _CHUNK):
-                    digest.update(os.pread(fd, min(_CHUNK, info.nbytes - start), info.offset + start))
+                found.append((path, info.key, entry["sha256"], pool.submit(_sha256, path, info.offset, info.nbytes)))
                 checked += info.nbytes
-                if digest.hexdigest() != entry["sha256"]:
-                    problems.append(f"{path}: tensor {info.key!r}: sha256 {digest.hexdigest()[:12]}... differs from "
-                                    f"the audit's {entry['sha256'][:12]}...; its bytes were changed after apply")
         except CkptxformError as err:
-            problems.append(str(err))
+            found.append(str(err))
         finally:
             os.close(fd)
-    missing = sorted(set(written) - set(on_disk) - unreadable)
-    problems += [f"{root}: tensor {key!r} (audit: {written[key]['file']}) is missing" for key in missing]
-    problems += _check_index(root, written)
-    problems += _check_config(root, summary)
-    if problems:
-        raise VerifyError("\n".join(problems), path=str(root))
-    return VerifyResult(root, len(written), checked)
+    return [message for item in found if (message := _resolve(item))], checked
+
+
+def _resolve(item: str | tuple[Path, str, str, Future[str]]) -> str | None:
+    if isinstance(item, str):
+        return item
+    path, key, recorded, job = item
+    try:
+        digest = job.result()
+    except OSError as err:
+        return f"{path}: tensor {key!r}: cannot read: {err.strerror or err}"
+    if digest != recorded:
+        return (f"{path}: tensor {key!r}: sha256 {digest[:12]}... differs from "
+                f"the audit's {recorded[:12]}...; its bytes were changed after apply")
+    return None
+
+
+def _sha256(path: Path, offset: int, length: int) -> str:
+    """The sha256 (hex) of ``length`` bytes of ``path`` from ``offset``, read through one
+    reused buffer. A file cut short since its header was read raises OSError."""
+    digest = hashlib.sha256()
+    view = memoryview(bytearray(min(_CHUNK, max(1, length))))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < length:
+            n = os.preadv(fd, [view[:min(len(view), length - done)]], offset + done)
+            if n == 0:
+                raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
+            digest.update(view[:n])
+            done += n
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
 
 
 def _check_index(root: Path, written: dict[str, dict[str, Any]]) -> list[str]:

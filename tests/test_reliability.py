@@ -36,6 +36,7 @@ from safetensors.torch import load_file
 
 from ckptxform.rules.loader import load_rules
 from ckptxform.standins import HeadlineStandins
+from ckptxform.errors import VerifyError
 from ckptxform.verify import verify
 
 AUDIT = "ckptxform_audit.jsonl"
@@ -299,6 +300,29 @@ def test_verify_names_the_tensor_whose_byte_was_flipped(headline_out: Path, run_
     assert one_error(proc) == (
         f"error: {weights}: tensor 'lm_head.weight': sha256 {sha256(weights, offset, nbytes)[:12]}... differs "
         f"from the audit's {recorded[:12]}...; its bytes were changed after apply")
+
+
+def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header still lists the tensor, the read comes back empty (the file shrank in
+    between): one problem naming the tensor, not a hang or a traceback."""
+    import ckptxform.verify as verify_module
+
+    out = tmp_path / "out"
+    shutil.copytree(headline_out, out)
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return 0 if os.readlink(f"/proc/self/fd/{fd}").endswith("model.safetensors") else real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(verify_module.os, "preadv", preadv)
+    with pytest.raises(VerifyError) as caught:
+        verify(out)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == len(_written(out))  # one per tensor of the file, each naming it
+    offset, _ = tensor_span(out / "model.safetensors", "lm_head.weight")
+    assert (f"{out / 'model.safetensors'}: tensor 'lm_head.weight': cannot read: the file ends at byte {offset}, "
+            "inside the tensor") in lines
 
 
 def test_verify_reports_a_deleted_shard_once_with_its_tensors(
