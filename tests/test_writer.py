@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -216,9 +217,20 @@ def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_pat
     assert data[start + len(big) :] == big
 
 
-def test_kernel_copies_land_in_place_and_hash_what_was_copied(tmp_path: Path) -> None:
+def _refuse_across_filesystems(*args: object) -> int:
+    raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+
+@pytest.mark.parametrize("kernel", ["copy_file_range", "EXDEV", "absent (macOS)"])
+def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # several tensors from two source files, one copied in two parts, one mixed with writes:
-    # hashing runs on other threads after copy_from returns and must still follow byte order
+    # hashing runs on other threads after copy_from returns and must still follow byte order.
+    # Where the kernel cannot copy (another filesystem, no copy_file_range), a buffer does.
+    if kernel == "EXDEV":
+        monkeypatch.setattr(os, "copy_file_range", _refuse_across_filesystems)
+    elif kernel.startswith("absent"):
+        monkeypatch.delattr(os, "copy_file_range")
     a, b = os.urandom(3 * MiB + 7), os.urandom(2 * MiB + 1)
     (tmp_path / "a.bin").write_bytes(b"HEAD" + a)
     (tmp_path / "b.bin").write_bytes(b)

@@ -99,14 +99,17 @@ def _truncated(path: Path, offset: int) -> CheckpointFormatError:
 
 
 def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: int, src_path: Path) -> None:
-    """Copy bytes between files in the kernel; plain reads and writes where it cannot."""
+    """Copy bytes between files in the kernel; plain reads and writes where it cannot
+    (another filesystem, an old kernel, or no copy_file_range at all: macOS)."""
+    kernel_copy = getattr(os, "copy_file_range", None)
     while length:
-        try:
-            n = os.copy_file_range(src, dst, length, src_offset, dst_offset)
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            n = 0
+        n = 0
+        if kernel_copy is not None:
+            try:
+                n = kernel_copy(src, dst, length, src_offset, dst_offset)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
         if n == 0:  # not supported here (or EOF): copy the rest through a buffer
             block = os.pread(src, min(length, _HASH_BLOCK), src_offset)
             if not block:
