@@ -60,6 +60,9 @@ _COPY_HASH_THREADS = 2
 #: bytes hashed per step (mapped at once, or read at once where the kernel cannot copy)
 _HASH_BLOCK = 8 << 20
 
+#: map pages that are in the page cache at once instead of one fault at a time
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
 
 def _hash_range(sha: Any, fd: int, offset: int, length: int, path: Path) -> None:
     """Feed ``length`` bytes of ``fd`` (file ``path``) from ``offset`` to ``sha``.
@@ -89,10 +92,6 @@ def _hash_range(sha: Any, fd: int, offset: int, length: int, path: Path) -> None
             sha.update(view[max(0, offset - window):])
 
 
-#: map pages that are in the page cache at once instead of one fault at a time
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-
-
 def _truncated(path: Path, offset: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"source file {str(path)!r} ended at byte {offset}, inside a tensor its "
                                  "header lists; was it truncated or rewritten during the run?")
@@ -118,6 +117,11 @@ def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: in
         src_offset += n
         dst_offset += n
         length -= n
+
+
+def _size(place: TensorPlacement) -> str:
+    """``4096 (BF16 [32, 64])``: a tensor's size as its messages state it."""
+    return f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})"
 
 
 def _wait_all(jobs: list[Future[None]]) -> None:
@@ -281,8 +285,7 @@ class ShardWriter:
             state = self._state(key)
             place = state.placement
             if state.written != place.nbytes:
-                raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected "
-                                  f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=key)
+                raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected {_size(place)}", key=key)
             state.finished = True
 
     def digest(self, key: str) -> str:
@@ -362,7 +365,7 @@ class ShardWriter:
         place = state.placement
         if state.written + size > place.nbytes:
             raise OutputError(f"tensor {place.spec.key!r}: got {state.written + size} bytes, expected "
-                              f"{place.nbytes} ({place.spec.dtype} {list(place.spec.shape)})", key=place.spec.key)
+                              f"{_size(place)}", key=place.spec.key)
 
     def _start_writeback(self, fd: int, offset: int, length: int) -> None:
         # When OUT will be fsynced anyway, have the disk start on these bytes now: it then
