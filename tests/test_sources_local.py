@@ -166,6 +166,25 @@ def test_read_ranges_and_rows(tmp_path: Path) -> None:
             assert blob == tensor_bytes(TENSORS["lm_head.weight"][row])
 
 
+def test_runs_of_rows_are_read_straight_into_place(tmp_path: Path) -> None:
+    save_file(TENSORS, str(tmp_path / "model.safetensors"))
+    whole = TENSORS["lm_head.weight"]
+    width = 10  # 5 bf16 values
+    with open_local(tmp_path) as ckpt:
+        info = ckpt.tensors["lm_head.weight"]
+        out = bytearray(b"\xee" * 6 * width)
+        ckpt.read_runs_into(info, [(6, 2), (0, 3)], memoryview(out), [0, 3])
+        expected = tensor_bytes(whole[6:8]) + b"\xee" * width + tensor_bytes(whole[0:3])
+        assert bytes(out) == expected
+        with pytest.raises(UsageError, match=r"bytes \[60, 90\) are outside tensor 'lm_head.weight'"):
+            ckpt.read_runs_into(info, [(6, 3)], memoryview(out), [0])
+        os.truncate(tmp_path / "model.safetensors", info.offset + 7 * width)
+        with pytest.raises(CheckpointFormatError, match="file ends before the end of tensor 'lm_head.weight'"):
+            ckpt.read_runs_into(info, [(5, 3)], memoryview(out), [0])
+    with pytest.raises(UsageError, match="read after close"):
+        ckpt.read_runs_into(info, [(0, 1)], memoryview(out), [0])
+
+
 def test_hf_cache_snapshot_links_are_allowed(tmp_path: Path) -> None:
     # The Hub cache stores snapshots/REV/FILE as links to ../../blobs/HASH.
     repo = tmp_path / "models--org--drafter"

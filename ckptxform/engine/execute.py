@@ -112,9 +112,12 @@ def _place_runs(buf: bytearray, width: int, ckpt: Any, info: Any, pairs: list[tu
             runs[-1][2] += 1
         else:
             runs.append([pos, row, 1])
-    blobs = ckpt.read_runs(info, [(row, count) for _, row, count in runs])
-    for (pos, _, count), blob in zip(runs, blobs, strict=True):
-        buf[pos * width:(pos + count) * width] = _cast_bytes(blob, *cast) if cast else blob
+    spans = [(row, count) for _, row, count in runs]
+    if cast is None:
+        ckpt.read_runs_into(info, spans, memoryview(buf), [pos for pos, _, _ in runs])
+        return
+    for (pos, _, count), blob in zip(runs, ckpt.read_runs(info, spans), strict=True):
+        buf[pos * width:(pos + count) * width] = _cast_bytes(blob, *cast)
 
 
 class _Filler:

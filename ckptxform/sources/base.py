@@ -76,6 +76,14 @@ class Checkpoint(ABC):
         width = info.row_nbytes
         return [self.read(info, first * width, count * width) for first, count in runs]
 
+    def read_runs_into(self, info: TensorInfo, runs: Sequence[tuple[int, int]], out: memoryview,
+                       at: Sequence[int]) -> None:
+        """Read each ``(first, count)`` run of rows of ``info`` into ``out`` from row ``at[i]``
+        on (``out``'s rows as wide as ``info``'s); local files read straight into ``out``."""
+        width = info.row_nbytes
+        for (_, count), pos, blob in zip(runs, at, self.read_runs(info, runs), strict=True):
+            out[pos * width:(pos + count) * width] = blob
+
     def read_rows(self, info: TensorInfo, rows: Sequence[int]) -> dict[int, bytes]:
         """The bytes of each requested row; runs of adjacent rows are read at once."""
         out: dict[int, bytes] = {}

@@ -25,7 +25,7 @@ import pickle
 import re
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -115,14 +115,7 @@ class LocalCheckpoint(Checkpoint):
 
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         length = self._checked_range(info, start, length)
-        if self.tensors.get(info.key) != info:
-            raise UsageError(
-                f"{self.location}: tensor {info.key!r} of file {info.file!r} is not part of "
-                "this checkpoint; read a TensorInfo taken from its .tensors",
-                key=info.key,
-            )
-        if self._closed:
-            raise UsageError(f"{self.location}: read after close(); open the checkpoint again")
+        self._check_readable(info)
         if length == 0:
             return b""
         if info.file in self._bin_tensors:
@@ -132,13 +125,48 @@ class LocalCheckpoint(Checkpoint):
         except OSError as exc:
             raise _unreadable(exc, self.root / info.file, source=self.name) from None
         if len(blob) != length:
-            raise CheckpointFormatError(
-                f"{self.root / info.file}: file ends before the end of tensor {info.key!r}; "
-                "it was truncated after it was indexed (re-download it)",
-                path=str(self.root / info.file),
+            raise self._truncated(info)
+        return blob
+
+    def read_runs_into(self, info: TensorInfo, runs: Sequence[tuple[int, int]], out: memoryview,
+                       at: Sequence[int]) -> None:
+        if info.file in self._bin_tensors or not hasattr(os, "preadv") or not runs:
+            return super().read_runs_into(info, runs, out, at)
+        width = info.row_nbytes
+        low, high = min(first for first, _ in runs), max(first + count for first, count in runs)
+        self._checked_range(info, low * width, (high - low) * width)
+        self._check_readable(info)
+        fd = self._descriptor(info.file)
+        try:
+            for (first, count), pos in zip(runs, at, strict=True):
+                # straight into place: no intermediate bytes object, no second copy
+                target = out[pos * width:(pos + count) * width]
+                offset = info.offset + first * width
+                while target:
+                    n = os.preadv(fd, [target[:_MAX_PREAD]], offset)
+                    if n == 0:
+                        raise self._truncated(info)
+                    target, offset = target[n:], offset + n
+        except OSError as exc:
+            raise _unreadable(exc, self.root / info.file, source=self.name) from None
+
+    def _check_readable(self, info: TensorInfo) -> None:
+        if self.tensors.get(info.key) != info:
+            raise UsageError(
+                f"{self.location}: tensor {info.key!r} of file {info.file!r} is not part of "
+                "this checkpoint; read a TensorInfo taken from its .tensors",
                 key=info.key,
             )
-        return blob
+        if self._closed:
+            raise UsageError(f"{self.location}: read after close(); open the checkpoint again")
+
+    def _truncated(self, info: TensorInfo) -> CheckpointFormatError:
+        return CheckpointFormatError(
+            f"{self.root / info.file}: file ends before the end of tensor {info.key!r}; "
+            "it was truncated after it was indexed (re-download it)",
+            path=str(self.root / info.file),
+            key=info.key,
+        )
 
     def local_path(self, file: str) -> Path | None:
         if file not in self.files or file in self._bin_tensors:
