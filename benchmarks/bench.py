@@ -319,7 +319,8 @@ def main() -> None:
                        f"- apply: {tb['apply_wall']:.2f} s, {tb['apply_read_bytes'] / 1e9:.3f} GB read "
                        f"(needed: the drafter, {tb['drafter_bytes'] / 1e9:.3f} GB, less the {tb['dropped_rows']:,} "
                        f"lm_head rows the target drops, plus {tb['missing_rows']:,} verifier rows = "
-                       f"{tb['needed_bytes'] / 1e9:.3f} GB)"]
+                       f"{tb['needed_bytes'] / 1e9:.3f} GB; tensors copied whole are read twice from the page "
+                       "cache: by the kernel copy and by their hash)"]
         print("\n".join(report))
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(figures, indent=2))

@@ -18,6 +18,7 @@ from typing import Any
 
 from .engine.audit import AUDIT_FILE
 from .errors import CkptxformError, VerifyError, quote_keys
+from .fileio import pread_into
 from .sources.safetensors_header import read_header
 
 #: bytes hashed per read: small enough to stay in the core's cache between read and hash
@@ -169,7 +170,7 @@ def _sha256(path: Path, offset: int, length: int) -> str:
     try:
         done = 0
         while done < length:
-            n = _pread_into(fd, view[:min(len(view), length - done)], offset + done)
+            n = pread_into(fd, view[:min(len(view), length - done)], offset + done)
             if n == 0:
                 raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
             digest.update(view[:n])
@@ -177,14 +178,6 @@ def _sha256(path: Path, offset: int, length: int) -> str:
     finally:
         os.close(fd)
     return digest.hexdigest()
-
-
-def _pread_into(fd: int, view: memoryview, offset: int) -> int:
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [view], offset)
-    data = os.pread(fd, len(view), offset)  # platforms without preadv
-    view[:len(data)] = data
-    return len(data)
 
 
 def _check_index(root: Path, written: dict[str, dict[str, Any]]) -> list[str]:

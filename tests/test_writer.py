@@ -221,7 +221,7 @@ def _refuse_across_filesystems(*args: object) -> int:
     raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
 
 
-@pytest.mark.parametrize("kernel", ["copy_file_range", "EXDEV", "absent (macOS)"])
+@pytest.mark.parametrize("kernel", ["copy_file_range", "EXDEV", "absent (macOS)", "absent, and no preadv"])
 def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # several tensors from two source files, one copied in two parts, one mixed with writes:
@@ -231,6 +231,8 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_p
         monkeypatch.setattr(os, "copy_file_range", _refuse_across_filesystems)
     elif kernel.startswith("absent"):
         monkeypatch.delattr(os, "copy_file_range")
+    if kernel.endswith("no preadv"):
+        monkeypatch.delattr(os, "preadv")
     a, b = os.urandom(3 * MiB + 7), os.urandom(2 * MiB + 1)
     (tmp_path / "a.bin").write_bytes(b"HEAD" + a)
     (tmp_path / "b.bin").write_bytes(b)
@@ -263,6 +265,33 @@ def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_pa
             with ShardWriter(od, layout) as shards:
                 shards.copy_from("w", src, 0, 4 * MiB)  # past the end of the source
                 shards.finish_tensor("w")
+            od.commit()
+    assert "src.bin" in str(err.value) and "truncated" in str(err.value)
+    assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == ["src.bin"]
+
+
+def test_a_source_truncated_while_it_is_hashed_is_one_clear_error_and_no_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hashing reads the source again after (or while) the kernel copies it: a source cut
+    short in between must be an error naming it, never SIGBUS or a wrong digest."""
+    import ckptxform.engine.writer as writer_module
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(4 * MiB))
+    real = writer_module.pread_into
+
+    def truncate_first(fd: int, view: memoryview, offset: int) -> int:
+        os.truncate(src, MiB)
+        return real(fd, view, offset)
+
+    monkeypatch.setattr(writer_module, "pread_into", truncate_first)
+    layout = plan_layout([u8("w", 4 * MiB)], max_shard_size=None)
+    with pytest.raises(CkptxformError) as err:
+        with OutputDir(tmp_path / "out") as od:
+            with ShardWriter(od, layout) as shards:
+                shards.copy_from("w", src, 0, 4 * MiB)
+                shards.finish_tensor("w")
+            shards.digest("w")
             od.commit()
     assert "src.bin" in str(err.value) and "truncated" in str(err.value)
     assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == ["src.bin"]

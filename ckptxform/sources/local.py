@@ -38,6 +38,7 @@ from ckptxform.errors import (
     UsageError,
     quote_keys,
 )
+from ckptxform.fileio import pread_into
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
@@ -130,7 +131,7 @@ class LocalCheckpoint(Checkpoint):
 
     def read_runs_into(self, info: TensorInfo, runs: Sequence[tuple[int, int]], out: memoryview,
                        at: Sequence[int]) -> None:
-        if info.file in self._bin_tensors or not hasattr(os, "preadv") or not runs:
+        if info.file in self._bin_tensors or not runs:
             return super().read_runs_into(info, runs, out, at)
         width = info.row_nbytes
         low, high = min(first for first, _ in runs), max(first + count for first, count in runs)
@@ -143,7 +144,7 @@ class LocalCheckpoint(Checkpoint):
                 target = out[pos * width:(pos + count) * width]
                 offset = info.offset + first * width
                 while target:
-                    n = os.preadv(fd, [target[:_MAX_PREAD]], offset)
+                    n = pread_into(fd, target[:_MAX_PREAD], offset)
                     if n == 0:
                         raise self._truncated(info)
                     target, offset = target[n:], offset + n
