@@ -44,12 +44,19 @@ def _reports_errors(func: F) -> F:
             sys.exit(err.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"status": "failed", "exit_code": 130, "error": "KeyboardInterrupt",
+                                       "messages": ["interrupted"]}, indent=2))
             sys.exit(130)
         except Exception as err:  # noqa: BLE001 - last resort: one line, never a traceback
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise
-            click.echo(f"internal error: {type(err).__name__}: {err} "
-                       "(rerun with CKPTXFORM_DEBUG=1 and report the traceback)", err=True)
+            message = (f"internal error: {type(err).__name__}: {err} "
+                       "(rerun with CKPTXFORM_DEBUG=1 and report the traceback)")
+            click.echo(message, err=True)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"status": "failed", "exit_code": 1, "error": "InternalError",
+                                       "messages": [message]}, indent=2))
             sys.exit(1)
 
     return wrapper  # type: ignore[return-value]

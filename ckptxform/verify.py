@@ -93,7 +93,8 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     try:
         found, checked = _check_files(root, written, files, on_disk, unreadable, pool)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # an interrupted verify does not hash on
+        # interrupted: queued tensors are dropped (the at most two being hashed finish)
+        pool.shutdown(wait=False, cancel_futures=True)
     problems += found
     missing = sorted(set(written) - set(on_disk) - unreadable)
     problems += [f"{root}: tensor {key!r} (audit: {written[key]['file']}) is missing" for key in missing]
@@ -115,8 +116,9 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
     for file in files:
         path = root / file
         try:
-            size = path.stat().st_size
             fd = os.open(path, os.O_RDONLY)
+            stat = os.fstat(fd)
+            size, identity = stat.st_size, (stat.st_dev, stat.st_ino)
         except OSError as err:
             # one line for the file, not one per tensor: a lost shard may hold thousands
             lost = [key for key, e in written.items() if e["file"] == file]
@@ -138,7 +140,8 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
                 if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
                     found.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
                                     f"says {entry['dtype']} {entry['shape']}")
-                found.append((path, info.key, entry["sha256"], pool.submit(_sha256, path, info.offset, info.nbytes)))
+                job = pool.submit(_sha256, path, identity, info.offset, info.nbytes)
+                found.append((path, info.key, entry["sha256"], job))
                 checked += info.nbytes
         except CkptxformError as err:
             found.append(str(err))
@@ -161,13 +164,17 @@ def _resolve(item: str | tuple[Path, str, str, Future[str]]) -> str | None:
     return None
 
 
-def _sha256(path: Path, offset: int, length: int) -> str:
+def _sha256(path: Path, identity: tuple[int, int], offset: int, length: int) -> str:
     """The sha256 (hex) of ``length`` bytes of ``path`` from ``offset``, read through one
-    reused buffer. A file cut short since its header was read raises OSError."""
+    buffer reused for the whole tensor. A file cut short or replaced since its header was
+    read (``identity``: its device and inode then) raises OSError."""
     digest = hashlib.sha256()
     view = memoryview(bytearray(min(_CHUNK, max(1, length))))
     fd = os.open(path, os.O_RDONLY)
     try:
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) != identity:
+            raise OSError("the file was replaced while verify read it")
         done = 0
         while done < length:
             n = pread_into(fd, view[:min(len(view), length - done)], offset + done)

@@ -325,6 +325,18 @@ def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out:
             "inside the tensor") in lines
 
 
+def test_verify_refuses_to_hash_a_weight_file_replaced_after_its_header_was_read(headline_out: Path) -> None:
+    """Headers are read through one descriptor, bytes hashed through others: a file
+    replaced in between would pair one file's header with another's bytes."""
+    from ckptxform.verify import _sha256
+
+    weights = headline_out / "model.safetensors"
+    stat = weights.stat()
+    assert len(_sha256(weights, (stat.st_dev, stat.st_ino), 0, 64)) == 64
+    with pytest.raises(OSError, match="replaced while verify read it"):
+        _sha256(weights, (stat.st_dev, stat.st_ino + 1), 0, 64)
+
+
 def test_verify_reports_a_deleted_shard_once_with_its_tensors(
         headline: HeadlineStandins, rule_variant: Callable[..., Path], run_cli: Any, tmp_path: Path) -> None:
     out = _sharded_out(headline, rule_variant, tmp_path / "out")

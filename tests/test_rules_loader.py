@@ -708,3 +708,23 @@ def test_a_copy_loads_from_anywhere(tmp_path: Path) -> None:
                                             ("512MiB", 512 * 2**20), ("7 B", 7), (123, 123)])
 def test_parse_size(text: str | int, size: int) -> None:
     assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("value", ["0x" + "f" * 4000, str(2**64), "0b1" + "0" * 64])
+def test_integers_past_64_bits_are_one_clear_error(tmp_path: Path, value: str) -> None:
+    """A hex literal has no digit limit in Python, but printing it in decimal (a message,
+    JSON) fails: such numbers are refused where they stand."""
+    rule = tmp_path / "big.yaml"
+    rule.write_text("version: 1\nname: x\nsources: {a: {path: p}}\nconvert: a\ntensors: [{match: '.*'}]\n"
+                    f"output: {{max_shard_size: {value}}}\n")
+    with pytest.raises(RuleError) as caught:
+        load_rules(rule)
+    [message] = caught.value.problems
+    assert message.startswith(f"{rule}:6:26: ") and "-bit integer; rule files take integers of at most 64 bits" in message
+
+
+def test_a_64_bit_integer_is_still_accepted(tmp_path: Path) -> None:
+    rule = tmp_path / "ok.yaml"
+    rule.write_text("version: 1\nname: x\nsources: {a: {path: p}}\nconvert: a\ntensors: [{match: '.*'}]\n"
+                    "output: {max_shard_size: 0xffffffffffffffff}\n")
+    assert load_rules(rule).output.max_shard_size == 2**64 - 1

@@ -185,6 +185,18 @@ def test_runs_of_rows_are_read_straight_into_place(tmp_path: Path) -> None:
         ckpt.read_runs_into(info, [(0, 1)], memoryview(out), [0])
 
 
+def test_runs_into_a_buffer_too_small_or_from_a_deleted_file_are_clear_errors(tmp_path: Path) -> None:
+    save_file(TENSORS, str(tmp_path / "model.safetensors"))
+    with open_local(tmp_path) as ckpt:
+        info = ckpt.tensors["lm_head.weight"]
+        small = memoryview(bytearray(20))  # two rows of 10 bytes
+        with pytest.raises(UsageError, match=r"rows \[1, 4\) of 10 bytes do not fit a buffer of 20 bytes"):
+            ckpt.read_runs_into(info, [(0, 3)], small, [1])
+        (tmp_path / "model.safetensors").unlink()  # before the first read opens it
+        with pytest.raises(SourceNotFoundError):
+            ckpt.read_runs_into(info, [(0, 2)], small, [0])
+
+
 def test_hf_cache_snapshot_links_are_allowed(tmp_path: Path) -> None:
     # The Hub cache stores snapshots/REV/FILE as links to ../../blobs/HASH.
     repo = tmp_path / "models--org--drafter"

@@ -116,3 +116,14 @@ def test_a_warm_cli_run_does_not_import_jsonschema(cache: Path) -> None:
 
     assert "jsonschema" in imported()  # the first run checks the file...
     assert "jsonschema" not in imported()  # ...the next one knows it passed
+
+
+def test_no_home_directory_means_no_cache_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CKPTXFORM_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert sorted(load_rules(HEADLINE).sources) == ["drafter", "target_vocab", "verifier"]

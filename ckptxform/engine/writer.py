@@ -67,7 +67,8 @@ _HASH_BLOCK = 1 << 20
 def _hash_range(sha: Any, fd: int, offset: int, length: int, path: Path) -> None:
     """Feed ``length`` bytes of ``fd`` (file ``path``) from ``offset`` to ``sha``.
 
-    Read from the page cache (the copy has just been there) into one reused 1 MiB buffer:
+    Read from the page cache (the kernel copy reads the same range; whichever comes second
+    finds it cached) into one 1 MiB buffer reused for the whole range:
     it stays in the core's cache, so the extra copy costs next to nothing (measured: the
     same user and sys time as hashing through a read-only mapping), and unlike a mapping,
     a source truncated during the run is a clean error, not SIGBUS.

@@ -2,9 +2,10 @@
 
 Importing jsonschema (with referencing, attrs and its metaschemas) costs about 0.15 s, as
 much as copying 200 MB; most runs load a rule file that was valid the last time too.
-Validity depends only on the document and the schema, so a document that passed is
-recorded as an empty file ``valid-rules/SHA256`` (of ckptxform's version, the schema and
-the document) under the cache directory:
+Validity depends on the document, the schema and the validator, so a document that passed
+is recorded as an empty file ``valid-rules/SHA256`` (of the document, the schema,
+ckptxform's and Python's versions, and the installed jsonschema's file stamp) under the
+cache directory:
 
 - ``CKPTXFORM_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/ckptxform``, else ``~/.cache/ckptxform``;
 - ``CKPTXFORM_NO_CACHE=1`` turns it off.
@@ -15,9 +16,12 @@ semantic checks always run, and a cache that cannot be read or written is ignore
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +31,19 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def cache_dir() -> Path | None:
-    """Where ckptxform keeps its cache, or None when turned off."""
+    """Where ckptxform keeps its cache, or None when turned off (or there is no home)."""
     if os.environ.get("CKPTXFORM_NO_CACHE", "") not in ("", "0"):
         return None
     explicit = os.environ.get("CKPTXFORM_CACHE_DIR")
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "ckptxform" if xdg else Path.home() / ".cache" / "ckptxform"
+    if xdg:
+        return Path(xdg) / "ckptxform"
+    try:
+        return Path.home() / ".cache" / "ckptxform"
+    except RuntimeError:  # no HOME and no passwd entry (some containers)
+        return None
 
 
 def document_key(schema_text: str, data: Any) -> str | None:
@@ -42,10 +51,25 @@ def document_key(schema_text: str, data: Any) -> str | None:
     something JSON would blur (a non-string key, a date), which is then always validated."""
     if not _plain_json(data):
         return None
+    try:
+        document = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:  # an integer past Python's digit limit for str()
+        return None
     digest = hashlib.sha256()
-    for part in (__version__, schema_text, json.dumps(data, ensure_ascii=False, separators=(",", ":"))):
+    for part in (__version__, sys.version, _validator_stamp(), schema_text, document):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
     return digest.hexdigest()
+
+
+@functools.cache
+def _validator_stamp() -> str:
+    """Which jsonschema is installed, without importing it (an upgrade rewrites its files)."""
+    spec = importlib.util.find_spec("jsonschema")
+    try:
+        stat = os.stat(spec.origin) if spec is not None and spec.origin else None
+    except OSError:
+        stat = None
+    return f"{spec.origin if spec else None}:{stat.st_size if stat else 0}:{stat.st_mtime_ns if stat else 0}"
 
 
 def known_valid(key: str) -> bool:

@@ -197,6 +197,13 @@ class _Builder:
             self.problems.append(f"{_where(self.file, node)}: {node.value!r} is not a valid {kind}; "
                                  "quote it to make it a string")
             return None
+        if isinstance(value, int) and value.bit_length() > 64:
+            # hex/octal/binary forms have no digit limit, and Python refuses to print
+            # such a number in decimal later (in a message, in JSON)
+            shown = node.value if len(node.value) <= 24 else node.value[:21] + "..."
+            self.problems.append(f"{_where(self.file, node)}: {shown!r} is a {value.bit_length()}-bit integer; "
+                                 "rule files take integers of at most 64 bits")
+            return None
         if isinstance(value, float) and not math.isfinite(value):
             # JSON has no inf/nan, and a fraction or size of nan passes every bound.
             self.problems.append(f"{_where(self.file, node)}: {node.value!r} is not a finite number")

@@ -136,9 +136,10 @@ class LocalCheckpoint(Checkpoint):
         width = info.row_nbytes
         low, high = min(first for first, _ in runs), max(first + count for first, count in runs)
         self._checked_range(info, low * width, (high - low) * width)
+        _check_places(runs, at, width, len(out))
         self._check_readable(info)
-        fd = self._descriptor(info.file)
         try:
+            fd = self._descriptor(info.file)
             for (first, count), pos in zip(runs, at, strict=True):
                 # straight into place: no intermediate bytes object, no second copy
                 target = out[pos * width:(pos + count) * width]
@@ -354,6 +355,16 @@ def _read_safetensors_headers(
         finally:
             os.close(fd)
     return per_file, metadata
+
+
+def _check_places(runs: Sequence[tuple[int, int]], at: Sequence[int], width: int, room: int) -> None:
+    """Each run fits ``out`` where it goes (a short buffer would otherwise get fewer bytes)."""
+    if len(runs) != len(at):
+        raise UsageError(f"read_runs_into: {len(runs)} runs but {len(at)} places")
+    for (_, count), pos in zip(runs, at):
+        if count < 0 or pos < 0 or (pos + count) * width > room:
+            raise UsageError(f"read_runs_into: rows [{pos}, {pos + count}) of {width} bytes do not fit "
+                             f"a buffer of {room} bytes")
 
 
 def _pread(fd: int, offset: int, length: int) -> bytes:
