@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -36,41 +36,31 @@ def _reports_errors(func: F) -> F:
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise
             # Rule-file problems already start with FILE:LINE:COL; others get a prefix.
-            prefix = "" if isinstance(err, RuleError) else "error: "
-            for line in str(err).splitlines():
-                click.echo(f"{prefix}{line}", err=True)
-            if kwargs.get("as_json"):
-                click.echo(json.dumps(_failure(err), indent=2))
-            sys.exit(err.exit_code)
+            fields = {name: getattr(err, name) for name in ("path", "line", "col", "source", "key")
+                      if getattr(err, name) is not None}
+            _fail(str(err).splitlines(), "" if isinstance(err, RuleError) else "error: ", err.exit_code,
+                  type(err).__name__, as_json=bool(kwargs.get("as_json")), **fields)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            if kwargs.get("as_json"):
-                click.echo(json.dumps({"status": "failed", "exit_code": 130, "error": "KeyboardInterrupt",
-                                       "messages": ["interrupted"]}, indent=2))
-            sys.exit(130)
+            _fail(["interrupted"], "", 130, "KeyboardInterrupt", as_json=bool(kwargs.get("as_json")))
         except Exception as err:  # noqa: BLE001 - last resort: one line, never a traceback
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise
-            message = (f"internal error: {type(err).__name__}: {err} "
-                       "(rerun with CKPTXFORM_DEBUG=1 and report the traceback)")
-            click.echo(message, err=True)
-            if kwargs.get("as_json"):
-                click.echo(json.dumps({"status": "failed", "exit_code": 1, "error": "InternalError",
-                                       "messages": [message]}, indent=2))
-            sys.exit(1)
+            _fail([f"internal error: {type(err).__name__}: {err} "
+                   "(rerun with CKPTXFORM_DEBUG=1 and report the traceback)"], "", 1, "InternalError",
+                  as_json=bool(kwargs.get("as_json")))
 
     return wrapper  # type: ignore[return-value]
 
 
-def _failure(err: CkptxformError) -> dict[str, Any]:
-    """What ``--json`` prints when a command fails: the stderr problems plus the fields a
-    script can branch on (which source, file, line, key)."""
-    obj: dict[str, Any] = {"status": "failed", "exit_code": err.exit_code, "error": type(err).__name__,
-                           "messages": str(err).splitlines()}
-    for field in ("path", "line", "col", "source", "key"):
-        if getattr(err, field) is not None:
-            obj[field] = getattr(err, field)
-    return obj
+def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: bool, **fields: Any) -> NoReturn:
+    """One line per problem on stderr; with ``--json`` also one object on stdout that a
+    script can branch on (error type, and which source, file, line, key); exit ``code``."""
+    for line in messages:
+        click.echo(f"{prefix}{line}", err=True)
+    if as_json:
+        click.echo(json.dumps({"status": "failed", "exit_code": code, "error": error, "messages": messages,
+                               **fields}, indent=2))
+    sys.exit(code)
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:

@@ -18,11 +18,9 @@ from typing import Any
 
 from .engine.audit import AUDIT_FILE
 from .errors import CkptxformError, VerifyError, quote_keys
-from .fileio import pread_into
+from .fileio import hash_range
 from .sources.safetensors_header import read_header
 
-#: bytes hashed per read: small enough to stay in the core's cache between read and hash
-_CHUNK = 1 << 20
 _HASH_THREADS = 2
 
 
@@ -124,7 +122,7 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
             lost = [key for key, e in written.items() if e["file"] == file]
             unreadable.update(lost)
             found.append(f"{path}: {err.strerror}; the output is incomplete: the audit puts {len(lost)} "
-                            f"tensor(s) there ({quote_keys(lost, limit=3)})")
+                         f"tensor(s) there ({quote_keys(lost, limit=3)})")
             continue
         try:
             infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=size,
@@ -139,7 +137,7 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
                     found.append(f"{path}: tensor {info.key!r} is in {file}, the audit says {entry['file']}")
                 if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
                     found.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
-                                    f"says {entry['dtype']} {entry['shape']}")
+                                 f"says {entry['dtype']} {entry['shape']}")
                 job = pool.submit(_sha256, path, identity, info.offset, info.nbytes)
                 found.append((path, info.key, entry["sha256"], job))
                 checked += info.nbytes
@@ -165,23 +163,18 @@ def _resolve(item: str | tuple[Path, str, str, Future[str]]) -> str | None:
 
 
 def _sha256(path: Path, identity: tuple[int, int], offset: int, length: int) -> str:
-    """The sha256 (hex) of ``length`` bytes of ``path`` from ``offset``, read through one
-    buffer reused for the whole tensor. A file cut short or replaced since its header was
-    read (``identity``: its device and inode then) raises OSError."""
+    """The sha256 (hex) of ``length`` bytes of ``path`` from ``offset``. A file cut short
+    or replaced since its header was read (``identity``: its device and inode then)
+    raises OSError."""
     digest = hashlib.sha256()
-    view = memoryview(bytearray(min(_CHUNK, max(1, length))))
     fd = os.open(path, os.O_RDONLY)
     try:
         stat = os.fstat(fd)
         if (stat.st_dev, stat.st_ino) != identity:
             raise OSError("the file was replaced while verify read it")
-        done = 0
-        while done < length:
-            n = pread_into(fd, view[:min(len(view), length - done)], offset + done)
-            if n == 0:
-                raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
-            digest.update(view[:n])
-            done += n
+        done = hash_range(digest, fd, offset, length)
+        if done < length:
+            raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
     finally:
         os.close(fd)
     return digest.hexdigest()

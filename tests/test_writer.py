@@ -274,17 +274,17 @@ def test_a_source_truncated_while_it_is_hashed_is_one_clear_error_and_no_output(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hashing reads the source again after (or while) the kernel copies it: a source cut
     short in between must be an error naming it, never SIGBUS or a wrong digest."""
-    import ckptxform.engine.writer as writer_module
+    import ckptxform.fileio as fileio
 
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(4 * MiB))
-    real = writer_module.pread_into
+    real = fileio.pread_into
 
     def truncate_first(fd: int, view: memoryview, offset: int) -> int:
         os.truncate(src, MiB)
         return real(fd, view, offset)
 
-    monkeypatch.setattr(writer_module, "pread_into", truncate_first)
+    monkeypatch.setattr(fileio, "pread_into", truncate_first)  # what the hash reads through
     layout = plan_layout([u8("w", 4 * MiB)], max_shard_size=None)
     with pytest.raises(CkptxformError) as err:
         with OutputDir(tmp_path / "out") as od:

@@ -41,7 +41,7 @@ from ckptxform.errors import (
     quote_keys,
 )
 
-from ..fileio import pread_into
+from ..fileio import hash_range
 from .layout import OutputLayout, TensorPlacement
 from .outdir import OutputDir, io_error
 
@@ -60,30 +60,21 @@ _COPY_HASH_THREADS = 2
 #: bytes copied at once where the kernel cannot copy
 _COPY_BLOCK = 8 << 20
 
-#: bytes hashed per read: small enough to stay in the core's cache between read and hash
-_HASH_BLOCK = 1 << 20
-
-
 def _hash_range(sha: Any, fd: int, offset: int, length: int, path: Path) -> None:
     """Feed ``length`` bytes of ``fd`` (file ``path``) from ``offset`` to ``sha``.
 
     Read from the page cache (the kernel copy reads the same range; whichever comes second
-    finds it cached) into one 1 MiB buffer reused for the whole range:
-    it stays in the core's cache, so the extra copy costs next to nothing (measured: the
-    same user and sys time as hashing through a read-only mapping), and unlike a mapping,
-    a source truncated during the run is a clean error, not SIGBUS.
+    finds it cached) into one 1 MiB buffer reused for the whole range: it stays in the
+    core's cache, so the extra copy costs next to nothing (measured: the same user and sys
+    time as hashing through a read-only mapping), and unlike a mapping, a source truncated
+    during the run is a clean error, not SIGBUS.
     """
-    view = memoryview(bytearray(min(_HASH_BLOCK, max(1, length))))
-    done = 0
-    while done < length:
-        try:
-            n = pread_into(fd, view[:min(len(view), length - done)], offset + done)
-        except OSError as err:
-            raise CheckpointFormatError(f"reading {str(path)!r} failed: {err.strerror or err}") from None
-        if n == 0:
-            raise _truncated(path, offset + done)
-        sha.update(view[:n])
-        done += n
+    try:
+        done = hash_range(sha, fd, offset, length)
+    except OSError as err:
+        raise CheckpointFormatError(f"reading {str(path)!r} failed: {err.strerror or err}") from None
+    if done < length:
+        raise _truncated(path, offset + done)
 
 
 def _truncated(path: Path, offset: int) -> CheckpointFormatError:

@@ -33,7 +33,7 @@ from ckptxform.errors import (
     UsageError,
     quote_keys,
 )
-from ckptxform.fileio import pread_into
+from ckptxform.fileio import MAX_PREAD, read_into
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
@@ -49,8 +49,6 @@ BIN_SINGLE = "pytorch_model.bin"
 CONFIG = "config.json"
 _BIN_SUFFIXES = (".bin", ".pt", ".pth")
 _LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE)
-# Linux moves at most this many bytes per read(2)/pread(2) call.
-_MAX_PREAD = 0x7FFFF000
 
 
 def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
@@ -138,13 +136,8 @@ class LocalCheckpoint(Checkpoint):
             fd = self._descriptor(info.file)
             for (first, count), pos in zip(runs, at, strict=True):
                 # straight into place: no intermediate bytes object, no second copy
-                target = out[pos * width:(pos + count) * width]
-                offset = info.offset + first * width
-                while target:
-                    n = pread_into(fd, target[:_MAX_PREAD], offset)
-                    if n == 0:
-                        raise self._truncated(info)
-                    target, offset = target[n:], offset + n
+                if read_into(fd, out[pos * width:(pos + count) * width], info.offset + first * width) < count * width:
+                    raise self._truncated(info)
         except OSError as exc:
             raise _unreadable(exc, self.root / info.file, source=self.name) from None
 
@@ -367,7 +360,7 @@ def _pread(fd: int, offset: int, length: int) -> bytes:
     """``length`` bytes from ``offset``, or fewer at the end of the file."""
     parts: list[bytes] = []
     while length > 0:
-        part = os.pread(fd, min(length, _MAX_PREAD), offset)
+        part = os.pread(fd, min(length, MAX_PREAD), offset)
         if not part:
             break
         parts.append(part)
