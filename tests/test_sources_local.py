@@ -190,8 +190,12 @@ def test_runs_into_a_buffer_too_small_or_from_a_deleted_file_are_clear_errors(tm
     with open_local(tmp_path) as ckpt:
         info = ckpt.tensors["lm_head.weight"]
         small = memoryview(bytearray(20))  # two rows of 10 bytes
-        with pytest.raises(UsageError, match=r"rows \[1, 4\) of 10 bytes do not fit a buffer of 20 bytes"):
+        with pytest.raises(UsageError) as err:
             ckpt.read_runs_into(info, [(0, 3)], small, [1])
+        assert str(err.value) == "read_runs_into: rows [1, 4) of 10 bytes do not fit a buffer of 20 bytes"
+        with pytest.raises(UsageError) as err:
+            ckpt.read_runs_into(info, [(0, 1), (1, 1)], small, [0])
+        assert str(err.value) == "read_runs_into: 2 runs but 1 places"
         (tmp_path / "model.safetensors").unlink()  # before the first read opens it
         with pytest.raises(SourceNotFoundError):
             ckpt.read_runs_into(info, [(0, 2)], small, [0])
