@@ -15,8 +15,9 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .errors import CkptxformError, RuleError, UsageError
+from .errors import CkptxformError, RuleError, UsageError, terminal_line
 from .log import configure_stderr
+from .terminal import guarded_stdout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,7 +32,8 @@ def _reports_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with guarded_stdout():
+                return func(*args, **kwargs)
         except CkptxformError as err:
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise
@@ -56,8 +58,8 @@ def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: b
     """One line per problem on stderr; with ``--json`` also one object on stdout that a
     script can branch on (error type, and which source, file, line, key); exit ``code``."""
     for line in messages:
-        click.echo(f"{prefix}{line}", err=True)
-    if as_json:
+        click.echo(terminal_line(f"{prefix}{line}"), err=True)
+    if as_json and error != "OutputStreamError":
         click.echo(json.dumps({"status": "failed", "exit_code": code, "error": error, "messages": messages,
                                **fields}, indent=2))
     sys.exit(code)

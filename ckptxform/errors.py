@@ -106,10 +106,51 @@ class OfflineCacheMissError(HubError, FileNotFoundError):
     """``HF_HUB_OFFLINE=1`` and a needed file is not in the cache."""
 
 
+class NotAFileError(CkptxformError, OSError):
+    """A path that must be a regular file is a FIFO, a device, a socket or a directory
+    (reading one could wait forever, or never end); ``kind`` says which."""
+
+    def __init__(self, message: str, *, path: str, kind: str) -> None:
+        super().__init__(message, path=path)
+        self.kind = kind
+
+
+class FileTooLargeError(CkptxformError, ValueError):
+    """A small file (a config, an index, a rule file) is larger than its bound, ``limit``."""
+
+    def __init__(self, message: str, *, path: str, limit: int) -> None:
+        super().__init__(message, path=path)
+        self.limit = limit
+
+
+class OutputStreamError(CkptxformError, OSError):
+    """Standard output was closed or is full (``| head -c1``, ``> /dev/full``)."""
+
+
+def quote(text: object) -> str:
+    """Text from an input (a tensor name, a path, a value) as messages embed it: quoted,
+    repr-style, every control or unprintable character an escape, so a name holding an
+    ANSI escape, a NUL or a newline stays visible, harmless and on one line (a name
+    ``evil<ESC>[31m<LF>x`` is shown as ``'evil\\x1b[31m\\nx'``)."""
+    return repr(text if isinstance(text, str) else str(text))
+
+
+def printable(text: str) -> str:
+    """``text`` as it is when every character is printable (names in tables stay bare),
+    else ``quote(text)``."""
+    return text if text.isprintable() else quote(text)
+
+
+def terminal_line(line: str) -> str:
+    """One message line made safe for a terminal: any control character that reached it
+    unquoted becomes its escape (the last guard; messages quote inputs with ``quote``)."""
+    return line if line.isprintable() else "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in line)
+
+
 def quote_keys(keys: Iterable[str], limit: int = 8) -> str:
     """Sorted, quoted, and cut with a count: ``'a', 'b' and 3 more``."""
     ordered = sorted(set(keys))
-    shown = ", ".join(repr(k) for k in ordered[:limit])
+    shown = ", ".join(quote(k) for k in ordered[:limit])
     if len(ordered) > limit:
         shown += f" and {len(ordered) - limit} more"
     return shown or "(none)"

@@ -4,7 +4,10 @@ hashing file ranges through one small reused buffer."""
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
+
+from .errors import FileTooLargeError, NotAFileError, quote
 
 #: Linux moves at most this many bytes per read(2)/pread(2) call.
 MAX_PREAD = 0x7FFFF000
@@ -46,3 +49,38 @@ def hash_range(sha: Any, fd: int, offset: int, length: int) -> int:
         sha.update(view[:n])
         done += n
     return done
+
+
+def read_small_file(path: str | os.PathLike[str], limit: int, *, what: str, pipes: bool = False) -> bytes:
+    """The bytes of ``path``, a regular file (or, with ``pipes``, a pipe) of at most
+    ``limit`` bytes; ``what`` names it in messages ("a config.json"). Anything else is refused before a byte is read: opening a FIFO waits
+    for a writer forever, and ``/dev/zero`` never ends. OSError for an unreadable path."""
+    # O_NONBLOCK: the open itself must not wait for a FIFO's writer
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
+            kind = _kind(mode)
+            raise NotAFileError(f"{quote(os.fspath(path))}: is {kind}, not a regular file; give the path "
+                                "of the file itself", path=os.fspath(path), kind=kind)
+        os.set_blocking(fd, True)
+        parts: list[bytes] = []
+        size = 0
+        while size <= limit:
+            part = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise FileTooLargeError(f"{quote(os.fspath(path))}: more than {limit:,} bytes, too large for "
+                                f"{what}; check that it is the right file", path=os.fspath(path), limit=limit)
+    return b"".join(parts)
+
+
+def _kind(mode: int) -> str:
+    kinds = [(stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")]
+    return next((name for test, name in kinds if test(mode)), "not a file")

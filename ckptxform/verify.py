@@ -8,9 +8,11 @@ file the audit names, and that config.json is the one written.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+from stat import S_ISREG
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +20,13 @@ from typing import Any
 
 from .engine.audit import AUDIT_FILE
 from .errors import CkptxformError, VerifyError, quote_keys
-from .fileio import hash_range
-from .sources.safetensors_header import read_header
+from .fileio import hash_range, read_small_file
+from .sources.local import MAX_CONFIG_BYTES
+from .sources.safetensors_header import MAX_HEADER_BYTES, read_header
 
 _HASH_THREADS = 2
+#: one line per tensor; a million-tensor audit is a few hundred MB
+MAX_AUDIT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,7 @@ def read_audit(out: Path) -> list[dict[str, Any]]:
     """The events of ``out``'s audit log; a missing or unreadable log is a VerifyError."""
     path = out / AUDIT_FILE
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_small_file(path, MAX_AUDIT_BYTES, what="an audit log").decode("utf-8").splitlines()
     except FileNotFoundError:
         raise VerifyError(f"{path}: no audit log; {str(out)!r} was not written by ckptxform apply",
                           path=str(path)) from None
@@ -114,9 +119,12 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
     for file in files:
         path = root / file
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
             stat = os.fstat(fd)
             size, identity = stat.st_size, (stat.st_dev, stat.st_ino)
+            if not S_ISREG(stat.st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
         except OSError as err:
             # one line for the file, not one per tensor: a lost shard may hold thousands
             lost = [key for key, e in written.items() if e["file"] == file]
@@ -186,7 +194,7 @@ def _check_index(root: Path, written: dict[str, dict[str, Any]]) -> list[str]:
     if not index.exists():
         return [f"{index}: missing; the output has {len(files)} shards"] if len(files) > 1 else []
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = json.loads(read_small_file(index, MAX_HEADER_BYTES, what="a shard index"))["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         return [f"{index}: unreadable ({err})"]
     expected = {k: e["file"] for k, e in written.items()}
@@ -202,7 +210,7 @@ def _check_config(root: Path, summary: dict[str, Any]) -> list[str]:
     if recorded is None:
         return [f"{path}: present but the audit records no config"] if path.exists() else []
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = hashlib.sha256(read_small_file(path, MAX_CONFIG_BYTES, what="a config.json")).hexdigest()
     except OSError as err:
-        return [f"{path}: {err.strerror}"]
+        return [f"{path}: {err.strerror or err}"]
     return [] if digest == recorded else [f"{path}: changed after apply (sha256 differs from the audit)"]

@@ -428,10 +428,7 @@ def test_alias_bomb_is_bounded_and_fast() -> None:
 
 def test_huge_document_is_refused_before_parsing() -> None:
     text = "version: 1\n" + "# " + "x" * MAX_FILE_BYTES + "\n"
-    size = len(text.encode())
-    assert problems_of(text) == [
-        f"rules.yaml: {size:,} bytes is too large for a rule file (limit {MAX_FILE_BYTES:,})"
-    ]
+    assert problems_of(text) == [f"rules.yaml: larger than {MAX_FILE_BYTES:,} bytes, too large for a rule file"]
 
 
 def test_all_files_problems_are_reported_each_with_its_file() -> None:

@@ -335,7 +335,7 @@ def test_invalid_config_json(tmp_path: Path) -> None:
     with open_local(tmp_path) as ckpt, pytest.raises(CheckpointFormatError) as err:
         ckpt.config()
     assert str(err.value) == (
-        f"{tmp_path / 'config.json'}: not valid JSON (Expecting property name enclosed in "
+        f"{tmp_path / 'config.json'}: config is not valid JSON (Expecting property name enclosed in "
         "double quotes at line 1 column 19); fix or remove the file"
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..dtypes import USER_DTYPES
 from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_keys
+from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
 from ..rules.model import AddEntry, RuleSet, TensorRule
 from ..sources.base import Checkpoint, TensorInfo
@@ -335,7 +336,7 @@ class _Planner:
         if problems:
             raise RequirementError("\n".join(problems))
 
-    def _explain_not_loaded(self, pattern: re.Pattern[str], where: str) -> str:
+    def _explain_not_loaded(self, pattern: KeyPattern, where: str) -> str:
         source = self.rules.convert
         assert source is not None
         wanted = regex_literal(pattern.pattern)

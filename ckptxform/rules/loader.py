@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuleError
+from .key_pattern import KeyPattern
 from .model import (
     AddEntry,
     ConfigSpec,
@@ -78,7 +79,7 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
         raise RuleError([message for _, message in ordered], path=label)
     digest = hashlib.sha256()
     for doc in chain:
-        digest.update(Path(doc.file).read_bytes())
+        digest.update(doc.raw)
     return _build(merged, label, digest.hexdigest(), tuple(doc.file for doc in chain))
 
 
@@ -181,7 +182,7 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
         check_ref(node, ("source",), "source", sources)
 
     literal_outputs: dict[str, str] = {}
-    earlier: list[re.Pattern[str]] = []
+    earlier: list[KeyPattern] = []
     for node in m.tensors:
         rule = node.value if isinstance(node.value, dict) else {}
         pattern = _compile(rule.get("match"), node, ("match",), report)
@@ -242,13 +243,14 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
     return out
 
 
-def _compile(value: Any, node: _Node, sub: tuple[str | int, ...], report: Any) -> re.Pattern[str] | None:
+def _compile(value: Any, node: _Node, sub: tuple[str | int, ...], report: Any) -> KeyPattern | None:
     if not isinstance(value, str):
         return None
     try:
-        return re.compile(value)
+        return KeyPattern.compile(value, label=node.at(*sub))
     except re.error as err:
-        report(node, sub, f"invalid regular expression {value!r}: {err.msg} at position {err.pos}")
+        at = f" at position {err.pos}" if err.pos is not None else ""
+        report(node, sub, f"invalid regular expression {value!r}: {err.msg}{at}")
     except OverflowError as err:  # a{99999999999}
         report(node, sub, f"invalid regular expression {value!r}: {err}")
     except RecursionError:  # thousands of nested groups overflow the parser's stack
@@ -256,7 +258,7 @@ def _compile(value: Any, node: _Node, sub: tuple[str | int, ...], report: Any) -
     return None
 
 
-def _template_problem(pattern: re.Pattern[str], template: str) -> str | None:
+def _template_problem(pattern: KeyPattern, template: str) -> str | None:
     """Why ``template`` cannot be expanded for a match of ``pattern`` (bad escapes like ``\\q``)."""
     # "\n|" gives a pattern with the same groups that matches "" (the newline also ends
     # a trailing comment of a verbose pattern), so expansion can be tried without a key.
@@ -277,7 +279,7 @@ def _template_problem(pattern: re.Pattern[str], template: str) -> str | None:
     return None
 
 
-def _literal_output(rule: dict[str, Any], pattern: re.Pattern[str] | None) -> str | None:
+def _literal_output(rule: dict[str, Any], pattern: KeyPattern | None) -> str | None:
     """The one output key a rule can produce, when that is provable from its text."""
     if pattern is None or "skip" in rule:
         return None
@@ -371,7 +373,8 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
         permute = v.get("permute_rows")
         missing = v.get("missing_rows")
         tensors.append(TensorRule(
-            index=index, where=node.where(), match=v["match"], pattern=re.compile(v["match"]),
+            index=index, where=node.where(), match=v["match"],
+            pattern=KeyPattern.compile(v["match"], label=node.at("match")),
             rename=v.get("rename"), skip=v.get("skip"),
             permute_rows=PermuteRows(permute["from"], permute["to"], node.where("permute_rows"))
             if permute else None,
@@ -384,7 +387,7 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
                             encoding=v.get("encoding", "offset"), source=v.get("source"),
                             tensor=v.get("tensor"), cast=v.get("cast"))
     loaded_node = m.require.get("loaded")
-    loaded = tuple(LoadedPattern(re.compile(p), loaded_node.where(i))
+    loaded = tuple(LoadedPattern(KeyPattern.compile(p, label=loaded_node.at(i)), loaded_node.where(i))
                    for i, p in enumerate(loaded_node.value)) if loaded_node else ()
     min_rows = tuple(MinRows(k, float(n.value), n.where()) for k, n in m.min_rows.items())
     strict = m.require["strict"].value if "strict" in m.require else True

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .key_pattern import KeyPattern
 from .yaml_source import Where
 
 Encoding = Literal["offset", "absolute"]
@@ -75,7 +75,7 @@ class TensorRule:
     index: int
     where: Where
     match: str
-    pattern: re.Pattern[str]
+    pattern: KeyPattern
     rename: str | None = None
     skip: str | None = None
     permute_rows: PermuteRows | None = None
@@ -112,7 +112,7 @@ class AddEntry:
 
 @dataclass(frozen=True)
 class LoadedPattern:
-    pattern: re.Pattern[str]
+    pattern: KeyPattern
     where: Where
 
 

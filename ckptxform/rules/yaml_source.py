@@ -9,13 +9,14 @@ record the position of every value and every mapping key by its path.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import RuleError
+from ..errors import FileTooLargeError, NotAFileError, RuleError
+from ..fileio import read_small_file
 
 MAX_FILE_BYTES = 1 << 20  # a rule file is a page of text; 1 MiB is generous
 MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
@@ -62,6 +63,8 @@ class YamlDocument:
     data: Any
     values: dict[Path_, Where]
     keys: dict[Path_, Where]
+    #: the bytes read (once: a piped rule file cannot be read twice)
+    raw: bytes = field(default=b"", repr=False)
 
     def where(self, path: Path_, *, key: bool = False) -> Where:
         """Position of the value at ``path`` (or of its key), falling back to the parent."""
@@ -108,16 +111,18 @@ def _where(file: str, node: yaml.Node) -> Where:
 def read_yaml(path: Path, label: str) -> YamlDocument:
     """Read ``path`` as a rule document; every problem is a ``RuleError`` at a position."""
     try:
-        raw = path.read_bytes()
+        # a pipe is fine (rules generated on the fly); a device or FIFO that never ends is not
+        raw = read_small_file(path, MAX_FILE_BYTES, what="a rule file", pipes=True)
     except FileNotFoundError:
         raise RuleError([f"{label}: file not found; check the path"], path=label) from None
+    except NotAFileError as err:
+        raise RuleError([f"{label}: is {err.kind}, not a rule file; give the path of a YAML file"],
+                        path=label) from None
+    except FileTooLargeError:
+        raise RuleError([f"{label}: larger than {MAX_FILE_BYTES:,} bytes, too large for a rule file"],
+                        path=label) from None
     except OSError as err:
         raise RuleError([f"{label}: cannot read: {err.strerror}"], path=label) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise RuleError(
-            [f"{label}: {len(raw):,} bytes is too large for a rule file (limit {MAX_FILE_BYTES:,})"],
-            path=label,
-        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -148,7 +153,7 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
     data = builder.build(node, ())
     if builder.problems:
         raise RuleError(builder.problems, path=label)
-    return YamlDocument(label, data, builder.values, builder.keys)
+    return YamlDocument(label, data, builder.values, builder.keys, raw)
 
 
 class _Builder:

@@ -31,7 +31,6 @@ Example::
 from __future__ import annotations
 
 import bisect
-import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -49,6 +48,7 @@ from ckptxform.sources.safetensors_header import (
     header_length,
     parse_header_json,
     parse_index_json,
+    parse_json_object,
 )
 
 __all__ = ["HubCheckpoint", "Policy", "Retry", "open_hub", "parse_hub_location"]
@@ -458,10 +458,4 @@ def _slice(requests: list[Span], blobs: list[bytes], starts: list[int], span: Sp
 
 
 def _load_json(path: Path, label: str) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointFormatError(f"{label}: is not valid JSON ({exc}); re-upload it", path=label) from None
-    if not isinstance(value, dict):
-        raise CheckpointFormatError(f"{label}: must be a JSON object, got {type(value).__name__}", path=label)
-    return value
+    return parse_json_object(path.read_bytes(), label, what="config", fix="re-upload it")

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -33,11 +32,13 @@ from ckptxform.errors import (
     UsageError,
     quote_keys,
 )
-from ckptxform.fileio import MAX_PREAD, read_into
+from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.safetensors_header import (
+    MAX_HEADER_BYTES,
     check_index_matches_shards,
     parse_index_json,
+    parse_json_object,
     read_header,
 )
 from ckptxform.sources.torch_bin import bin_infos, load_torch_file, tensor_bytes
@@ -49,6 +50,8 @@ BIN_SINGLE = "pytorch_model.bin"
 CONFIG = "config.json"
 _BIN_SUFFIXES = (".bin", ".pt", ".pth")
 _LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE)
+#: a model's config.json is a few KiB; a bound keeps a crafted one from filling memory
+MAX_CONFIG_BYTES = 16 << 20
 
 
 def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
@@ -294,7 +297,8 @@ def _directory_layout(directory: Path) -> _Layout:
 def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> _Layout:
     root = index.parent
     _check_inside(index, root)
-    weight_map = parse_index_json(index.read_bytes(), label=str(index), shard_suffix=f".{kind}")
+    blob = read_small_file(index, MAX_HEADER_BYTES, what="a shard index")
+    weight_map = parse_index_json(blob, label=str(index), shard_suffix=f".{kind}")
     files = tuple(sorted(set(weight_map.values())))
     return _Layout(root, kind, files, index=index, weight_map=weight_map)
 
@@ -370,16 +374,5 @@ def _pread(fd: int, offset: int, length: int) -> bytes:
 
 
 def _load_config(path: Path) -> dict[str, Any]:
-    try:
-        config = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        problem = f"not UTF-8 (byte {exc.start}: {exc.reason})"
-    except json.JSONDecodeError as exc:
-        problem = f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-    except (ValueError, RecursionError):
-        problem = "not valid JSON (a number too long or nesting too deep)"
-    else:
-        if isinstance(config, dict):
-            return config
-        problem = f"not a JSON object (got {type(config).__name__})"
-    raise CheckpointFormatError(f"{path}: {problem}; fix or remove the file", path=str(path))
+    blob = read_small_file(path, MAX_CONFIG_BYTES, what="a config.json")
+    return parse_json_object(blob, str(path), what="config", fix="fix or remove the file")

@@ -65,7 +65,7 @@ def parse_header_json(
     (default ``file``) names the file in error messages. Offsets are absolute:
     ``8 + len(blob) + begin``."""
     label = label or file
-    header = _load_json_object(blob, label, what="header", fix=_NOT_SAFETENSORS)
+    header = parse_json_object(blob, label, what="header", fix=_NOT_SAFETENSORS)
     metadata = _parse_metadata(header.pop(_METADATA_KEY, None), label)
     data_size = None if file_size is None else file_size - 8 - len(blob)
     spans: list[tuple[int, int, str]] = []
@@ -104,7 +104,7 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
     """The ``weight_map`` (tensor name -> shard file) of a shard index such as
     ``model.safetensors.index.json``. Every shard must be a plain file name ending with
     ``shard_suffix``: an index must not point outside its own directory."""
-    index = _load_json_object(
+    index = parse_json_object(
         blob, label, what="index", fix="the index is corrupt (re-download it)"
     )
     weight_map = index.get("weight_map")
@@ -194,7 +194,10 @@ def check_index_matches_shards(
         )
 
 
-def _load_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[str, Any]:
+def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[str, Any]:
+    """``blob`` as one JSON object, read strictly: UTF-8, no key twice in any object (json
+    keeps the last silently), no NaN/Infinity (not JSON; written back they make invalid
+    JSON). Every problem is a CheckpointFormatError naming ``label`` and ending in ``fix``."""
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as exc:

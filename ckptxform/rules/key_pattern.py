@@ -1,0 +1,67 @@
+"""A rule file's regular expression, matched against tensor names within a time bound.
+
+Python's ``re`` backtracks: ``(a|aa)+$`` against a long key of a crafted checkpoint runs
+for hours, and no key-length limit helps (30 characters are enough). The syntax and
+the error messages stay ``re``'s (the pattern is compiled by ``re`` first); matching goes
+through the ``regex`` engine, which takes the same syntax and stops a match after
+``MATCH_TIMEOUT_S`` seconds: the rule is then refused with one line, as a rule-file
+problem (exit 2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import regex
+
+from ..errors import RuleError, quote
+
+#: no sane pattern needs more than microseconds on a tensor name
+MATCH_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class KeyPattern:
+    """What ``re.compile(text)`` gives, for the parts the engine uses (``pattern``,
+    ``groups``, ``groupindex``, ``flags``, ``fullmatch``), with ``fullmatch`` bounded.
+    ``label`` (``FILE:LINE:COL: tensors[0].match:``) opens the message of a stopped match."""
+
+    pattern: str
+    label: str
+    _re: re.Pattern[str] = field(repr=False, compare=False)
+    _bounded: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def compile(cls, text: str, *, label: str) -> KeyPattern:
+        """Raises what ``re.compile`` raises for a bad pattern (``re.error``...)."""
+        compiled = re.compile(text)
+        try:
+            bounded = regex.compile(text, flags=regex.VERSION0)
+        except regex.error as err:  # the two engines disagree: refuse rather than guess
+            raise re.error(f"not supported by the time-bounded matcher ({err})", text) from None
+        return cls(text, label, compiled, bounded)
+
+    @property
+    def groups(self) -> int:
+        return self._re.groups
+
+    @property
+    def groupindex(self) -> Any:
+        return self._re.groupindex
+
+    @property
+    def flags(self) -> int:
+        return self._re.flags
+
+    def fullmatch(self, key: str) -> Any:
+        """The match of the whole of ``key`` (``expand``, ``group`` as ``re``'s), or None."""
+        try:
+            return self._bounded.fullmatch(key, timeout=MATCH_TIMEOUT_S)
+        except TimeoutError:
+            shown = key if len(key) <= 60 else key[:57] + "..."
+            raise RuleError([
+                f"{self.label} {quote(self.pattern)} was stopped after {MATCH_TIMEOUT_S:g} s on the "
+                f"{len(key):,}-character key {quote(shown)}: it backtracks catastrophically; rewrite it "
+                "without nested or overlapping repetition such as '(a+)+' or '(a|aa)*'"]) from None
