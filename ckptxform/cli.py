@@ -65,6 +65,11 @@ def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: b
     sys.exit(code)
 
 
+def _verbose() -> bool:
+    """``ckptxform -v``: complete lists (every skipped or unused tensor) instead of the first few."""
+    return bool(click.get_current_context().find_root().params.get("verbose"))
+
+
 def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in values:
@@ -123,7 +128,7 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 
     the_plan = api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned)
     try:
-        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json else report.plan_text(the_plan))
+        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json else report.plan_text(the_plan, verbose=_verbose()))
     finally:
         the_plan.close()
 
@@ -145,7 +150,7 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                        require_pinned=require_pinned)
-    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result))
+    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result, verbose=_verbose()))
 
 
 @main.command()

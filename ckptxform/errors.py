@@ -123,6 +123,10 @@ class FileTooLargeError(CkptxformError, ValueError):
         self.limit = limit
 
 
+class PathEncodingError(CkptxformError, ValueError):
+    """A path is not valid UTF-8 (the audit log, JSON and messages need text)."""
+
+
 class OutputStreamError(CkptxformError, OSError):
     """Standard output was closed or is full (``| head -c1``, ``> /dev/full``)."""
 

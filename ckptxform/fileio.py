@@ -84,3 +84,13 @@ def _kind(mode: int) -> str:
     kinds = [(stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")]
     return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def is_utf8(text: str) -> bool:
+    """False for a path holding bytes that are not UTF-8 (Python keeps them as lone
+    surrogates, which no UTF-8 file such as the audit log can hold)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

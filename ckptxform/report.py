@@ -6,8 +6,21 @@ from typing import Any
 
 from .engine.execute import ApplyResult
 from .engine.planner import Plan
-from .engine.recipes import GatherRows
+from .engine.recipes import GatherRows, TensorRecord
+from .errors import printable, quote_keys, terminal_line
 from .sources.base import Checkpoint
+
+#: what a source tensor did when it was carried into the output; every other record is
+#: named on screen with its reason (the founding story's "skipped 2" said not which)
+_CARRIED = {"loaded", "renamed", "permuted", "cast", "copied"}
+#: names shown per group unless verbose
+_SHOWN = 8
+
+
+def _screen(lines: list[str]) -> str:
+    """The lines for the terminal: names are quoted where they are embedded (``printable``);
+    any control character left (a rule's own text) is escaped, never sent raw."""
+    return "\n".join(map(terminal_line, lines))
 
 
 def _human_bytes(n: int) -> str:
@@ -19,13 +32,33 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def plan_text(plan: Plan) -> str:
+def not_carried_text(plan: Plan, *, verbose: bool = False) -> list[str]:
+    """Every source tensor that was not carried into the output (skipped, unused, read only
+    as a vocabulary map or for fill rows), grouped by source, action and reason, with its
+    names: the first few per group, all of them when ``verbose``."""
+    groups: dict[tuple[str, str, str], list[TensorRecord]] = {}
+    for record in plan.records:
+        if record.action not in _CARRIED:
+            groups.setdefault((record.source, record.action, record.reason), []).append(record)
+    if not groups:
+        return []
+    total = sum(len(g) for g in groups.values())
+    lines = [f"not written out as tensors: {total} source tensor{'s' if total != 1 else ''} (each with its reason)"]
+    for (source, action, reason), records in sorted(groups.items()):
+        rule = records[0].rule
+        lines.append(f"  {action} ({len(records)}) from {printable(source)}: {printable(reason)}"
+                     + (f" [{rule}]" if rule else ""))
+        lines.append("    " + quote_keys([r.key for r in records], limit=len(records) if verbose else _SHOWN))
+    return lines
+
+
+def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     rules = plan.rules
-    lines = [f"plan: {rules.path} ({rules.name})", "sources:"]
+    lines = [f"plan: {printable(rules.path)} ({printable(rules.name)})", "sources:"]
     width = max((len(n) for n in plan.sources), default=0)
     for name, src in plan.sources.items():
         pin = f" @ {src.commit}" if src.commit else ""
-        lines.append(f"  {name:<{width}}  {src.location}{pin}")
+        lines.append(f"  {printable(name):<{width}}  {printable(src.location)}{pin}")
     for label, alignment in plan.alignments.items():
         lines.append(f"vocabulary {label}: {alignment.summary()}")
     for out in plan.outputs:
@@ -34,22 +67,24 @@ def plan_text(plan: Plan) -> str:
             fill = ""
             if r.fill is not None and r.rows_filled:
                 fill = (f" from {r.fill.rows_of}:{r.fill.tensor}" if r.fill.init == "rows_of" else f" ({r.fill.init})")
-            lines.append(f"  {out.key}: {r.rows_from_source:,} of {len(r.rows):,} rows from {r.source} "
+            lines.append(f"  {printable(out.key)}: {r.rows_from_source:,} of {len(r.rows):,} rows from {r.source} "
                          f"({r.rows_from_source / max(1, len(r.rows)):.1%}), {r.rows_filled:,} filled{fill}")
     counts = ", ".join(f"{n} {action}" for action, n in sorted(plan.counts().items()))
     lines.append(f"source tensors: {len(plan.records)} accounted for ({counts})")
+    lines.extend(not_carried_text(plan, verbose=verbose))
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
-    key_w = max((len(o.key) for o in plan.outputs), default=3)
+    key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
     for out in plan.outputs:
         origin = out.origin()
-        src = (f"{origin['source']}:{origin['key']}" if "source" in origin else f"vocab {origin['vocab']}.{origin['field']}")
+        src = (f"{origin['source']}:{printable(origin['key'])}" if "source" in origin
+               else f"vocab {origin['vocab']}.{origin['field']}")
         extra = " (permuted)" if isinstance(out.recipe, GatherRows) else ""
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
-        lines.append(f"  {out.key:<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- {src}{extra}{cast}")
+        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- {src}{extra}{cast}")
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
-    return "\n".join(lines)
+    return _screen(lines)
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -67,17 +102,18 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def apply_text(result: ApplyResult) -> str:
+def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
     if result.up_to_date:
         return (f"{result.out} is up to date (same rules, same source weights, verified); nothing written\n"
                 f"audit: {result.audit_path}")
     files = sorted({w.file for w in result.written})
     lines = [f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
              f"in {len(files)} file{'s' if len(files) != 1 else ''}",
+             *not_carried_text(result.plan, verbose=verbose),
              f"audit: {result.audit_path}"]
     for label, alignment in result.plan.alignments.items():
         lines.insert(0, f"vocabulary {label}: {alignment.summary()}")
-    return "\n".join(lines)
+    return _screen(lines)
 
 
 def apply_json(result: ApplyResult) -> dict[str, Any]:
@@ -100,10 +136,10 @@ def inspect_json(ckpt: Checkpoint) -> dict[str, Any]:
 
 def inspect_text(ckpt: Checkpoint) -> str:
     data = inspect_json(ckpt)
-    lines = [f"{data['location']}" + (f" @ {data['commit']}" if data["commit"] else "")]
-    key_w = max((len(t["key"]) for t in data["tensors"]), default=3)
+    lines = [printable(data["location"]) + (f" @ {data['commit']}" if data["commit"] else "")]
+    key_w = max((len(printable(t["key"])) for t in data["tensors"]), default=3)
     for t in data["tensors"]:
-        lines.append(f"  {t['key']:<{key_w}}  {t['dtype']:<5} {str(t['shape']):<16} {t['file']}")
+        lines.append(f"  {printable(t['key']):<{key_w}}  {t['dtype']:<5} {str(t['shape']):<16} {printable(t['file'])}")
     lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
                  f"({_human_bytes(data['total_bytes'])})")
-    return "\n".join(lines)
+    return _screen(lines)

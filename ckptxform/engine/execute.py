@@ -167,7 +167,9 @@ class _Filler:
         for i in range(0, len(present), block):
             chunk = ckpt.read_rows(info, present[i:i + block])
             for raw in chunk.values():
-                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(self.row_shape)
+                # summed in float64: torch does not promote float8 rows
+                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(
+                    self.row_shape).to(torch.float64)
         mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
         return _tensor_bytes(mean)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dtypes import USER_DTYPES
+from ..dtypes import USER_DTYPES, cast_problem
 from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_keys
 from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
@@ -21,6 +21,7 @@ from ..sources.base import Checkpoint, TensorInfo
 from ..sources.vocab_files import load_vocab_file
 from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
 from .config_builder import build_config
+from .output_checks import carries_source_rows, value_problem
 from .recipes import CopyTensor, GatherRows, OutputPlan, SourceRecord, TensorRecord, VocabField
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -155,6 +156,9 @@ class _Planner:
         if why is not None:
             raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
                             "rule's rename (or the add entry's name) so that it writes another key", key=out.key)
+        problem = value_problem(out)
+        if problem is not None:
+            raise PlanError(f"{producer}: {problem}", key=out.key)
         if out.key in self.outputs:
             raise PlanError(f"{producer} and {self.producer[out.key]} both write output key {out.key!r}; "
                             "two tensors cannot be written to one key: rename one of them", key=out.key)
@@ -247,7 +251,8 @@ class _Planner:
         if dtype != info.dtype:
             action = "cast" if action == "loaded" else action
             reason += f", cast {info.dtype} -> {dtype}"
-        self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where, loaded=True),
+        self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where,
+                                    loaded=carries_source_rows(recipe)),
                          f"{rule.label} (from {source}:{info.key})")
         self._record(source, info, action, target, where, reason)
 
@@ -283,6 +288,12 @@ class _Planner:
                     f"{rule.label}: missing_rows tensor {fill.rows_of}:{fill.tensor} has shape "
                     f"{list(fb.shape)}; rows of shape {list(info.shape[1:])} for target ids up to {needed} "
                     "are needed: point missing_rows at a full-vocabulary tensor of the same width", key=fill.tensor)
+            why = cast_problem(fb.dtype, info.dtype)
+            if why is not None:
+                raise PlanError(
+                    f"{rule.label}: missing_rows tensor {fill.rows_of}:{fill.tensor} is {fb.dtype} and the rows "
+                    f"of {info.key!r} are {info.dtype}; that cast cannot be exact: {why}; point missing_rows at a "
+                    "tensor of a compatible dtype", key=fill.tensor)
             self._record(fill.rows_of, fb, "rows", None, fill.where.short,
                          f"{recipe.rows_filled} rows read for tokens of {perm.to_vocab!r} absent from "
                          f"{perm.from_vocab!r}" + (f", cast {fb.dtype} -> {info.dtype}" if fb.dtype != info.dtype else ""))
@@ -306,8 +317,10 @@ class _Planner:
         assert entry.source is not None and entry.tensor is not None
         info = self._tensor(entry.source, entry.tensor, label)
         dtype = self._out_dtype(info.dtype, entry.cast)
+        # never "loaded", even from the converted source: require.loaded asks what the rules
+        # carried over, and an add is a declared extra
         self._add_output(OutputPlan(entry.key, dtype, info.shape, CopyTensor(entry.source, info.key),
-                                    info.dtype, where, loaded=entry.source == self.rules.convert), label)
+                                    info.dtype, where, loaded=False), label)
         self._record(entry.source, info, "copied", entry.key, where, f"added as {entry.key!r}")
 
     # -- require -------------------------------------------------------------------------
@@ -342,6 +355,10 @@ class _Planner:
         wanted = regex_literal(pattern.pattern)
         head = f"require.loaded ({where}): {wanted or pattern.pattern!r} was not loaded from source {source!r}"
         if wanted is not None and wanted in self.outputs:
+            recipe = self.outputs[wanted].recipe
+            if isinstance(recipe, GatherRows):
+                return (f"{head}: {self.producer[wanted]} takes none of its {len(recipe.rows):,} rows from "
+                        "the source (all are filled); the vocabulary maps are probably not the drafters' own")
             return f"{head}: it is produced by {self.producer[wanted]}, not loaded from the source"
         if wanted is None:
             return f"{head}: no output key matches; check the rule that should produce it"

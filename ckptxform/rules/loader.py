@@ -15,7 +15,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..errors import RuleError
+from ..errors import RuleError, quote
+from ..fileio import is_utf8
 from .key_pattern import KeyPattern
 from .model import (
     AddEntry,
@@ -67,6 +68,9 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
     ['drafter', 'target_vocab', 'verifier']
     """
     label = os.fspath(path)
+    if not is_utf8(label):
+        raise RuleError([f"{quote(label)}: the path is not valid UTF-8; the audit log records it as text: "
+                         "rename the rule file"], path=label)
     chain = _read_chain(Path(label), label, ())
     problems: list[tuple[tuple[str, int, int], str]] = []
     for doc in chain:
@@ -74,6 +78,13 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
             problems.append(((doc.file, line, col), message))
     merged = _merge(chain)
     problems.extend(_semantic_problems(merged))
+    if not problems and not merged.named["sources"] and merged.top is not None:
+        # plan would refuse it; so does validate (a file otherwise valid, or this would
+        # only add noise to the schema's own messages)
+        where = merged.top.where()
+        problems.append(((where.file, where.line, where.col),
+                         f"{merged.top.at()} no 'sources': declare the checkpoints the rules read under "
+                         "'sources', and name the one whose tensors they convert in 'convert'"))
     if problems:
         ordered = sorted(set(problems), key=lambda p: p[0])
         raise RuleError([message for _, message in ordered], path=label)
@@ -175,7 +186,7 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
 
     if "convert" in m.scalars:
         check_ref(m.scalars["convert"], (), "source", sources)
-    elif m.tensors and m.top is not None and len(sources) != 1:
+    elif m.top is not None and len(sources) > 1:
         report(m.top, (), "missing 'convert': name the source whose tensors the rules convert")
 
     for node in m.named["vocab"].values():

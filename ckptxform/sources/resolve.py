@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import SourceNotFoundError
+from ..errors import PathEncodingError, SourceNotFoundError, quote
+from ..fileio import is_utf8
 from ..rules.model import SourceSpec
 from .base import Checkpoint
 from .hub import parse_hub_location
@@ -32,6 +33,11 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
 
     ``require_pinned`` refuses a Hub revision that is a branch or tag (it has no effect
     on local paths, which have no revision)."""
+    if not is_utf8(location):
+        label = f"source {name!r}: " if name else ""
+        raise PathEncodingError(
+            f"{label}path {quote(location)} is not valid UTF-8; the audit log records every source's "
+            "location as text: rename it (or link it under a UTF-8 name)", path=location, source=name)
     hub = hub_location(location)
     if hub is not None:
         from .hub import open_hub

@@ -1,0 +1,35 @@
+"""What the planner asks of each output tensor beyond its shape: can the values it decodes
+be made exactly, and does it count as loaded from the converted source."""
+
+from __future__ import annotations
+
+from ..dtypes import cast_problem, decodable, is_float
+from ..errors import quote
+from .recipes import CopyTensor, GatherRows, OutputPlan
+
+
+def value_problem(out: OutputPlan) -> str | None:
+    """Why the values ``out`` decodes (a cast, a numeric fill) cannot be made exactly or
+    at all; None when they can, or when it moves bytes only. Decided here, never mid-apply."""
+    if out.dtype != out.input_dtype:
+        why = cast_problem(out.input_dtype, out.dtype)
+        if why is not None:
+            return (f"cast {out.input_dtype} -> {out.dtype} of {quote(out.key)} cannot be exact: {why}; "
+                    f"drop the cast and keep {out.input_dtype}")
+    recipe = out.recipe
+    fill = recipe.fill if isinstance(recipe, GatherRows) and recipe.rows_filled else None
+    if fill is None:
+        return None
+    if fill.init in ("mean", "normal") and not (is_float(out.input_dtype) and decodable(out.input_dtype)):
+        return (f"missing_rows init: {fill.init} makes float values and {quote(out.key)} is {out.input_dtype}; "
+                "use init: zeros, or rows_of a tensor that has the rows")
+    if fill.init == "zeros" and out.input_dtype == "F8_E8M0":
+        return (f"missing_rows init: zeros cannot fill {quote(out.key)}: F8_E8M0 (a power-of-two scale) has no "
+                "zero; use rows_of a tensor that has the rows")
+    return None
+
+
+def carries_source_rows(recipe: CopyTensor | GatherRows) -> bool:
+    """What ``require.loaded`` counts: a copy of a tensor of the converted source, or a
+    permutation that takes at least one of its rows from it (all filled is not loaded)."""
+    return not isinstance(recipe, GatherRows) or recipe.rows_from_source > 0
