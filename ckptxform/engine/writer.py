@@ -296,7 +296,7 @@ class ShardWriter:
                              "other than the weight files")
         path = self.out.tmp_path / name
         try:
-            path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
         except OSError as err:
             raise self._error(name, err) from None
         return path

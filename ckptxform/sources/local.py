@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,8 @@ class LocalCheckpoint(Checkpoint):
         _check_inside(path, self.root)
         try:
             return _load_config(path)
+        except CkptxformError:
+            raise  # already one clear line (a FIFO, a duplicate key...)
         except OSError as exc:
             raise _unreadable(exc, path, source=self.name) from None
 
@@ -375,4 +378,10 @@ def _pread(fd: int, offset: int, length: int) -> bytes:
 
 def _load_config(path: Path) -> dict[str, Any]:
     blob = read_small_file(path, MAX_CONFIG_BYTES, what="a config.json")
-    return parse_json_object(blob, str(path), what="config", fix="fix or remove the file")
+    config = parse_json_object(blob, str(path), what="config", fix="fix or remove the file")
+    try:  # a value's "\ud800" escape parses, but no UTF-8 config.json can hold it
+        json.dumps(config, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise CheckpointFormatError(f"{path}: config holds a lone surrogate escape (such as \\ud800), which is "
+                                    "not valid Unicode; fix or remove the file", path=str(path)) from None
+    return config
