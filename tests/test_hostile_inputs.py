@@ -85,21 +85,23 @@ def two_vocabularies(case: Case) -> None:
                                   "t2d": torch.tensor([0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)})
 
 
-def test_permutation_with_no_source_row_is_not_loaded(case: Case) -> None:
-    two_vocabularies(case)
-    rule = write_rule(case.root / "r.yaml", """sources: {d: {path: d}, t: {path: t}}
+def permute_rule(root: Path, init: str, rest: str) -> Path:
+    """``d``'s lm_head re-indexed to ``t``'s vocabulary, missing rows by ``init``; then ``rest``."""
+    return write_rule(root / "r.yaml", f"""sources: {{d: {{path: d}}, t: {{path: t}}}}
 convert: d
 vocab:
-  a: {source: d, encoding: offset}
-  b: {source: t, encoding: offset}
+  a: {{source: d, encoding: offset}}
+  b: {{source: t, encoding: offset}}
 tensors:
   - match: 'lm_head\\.weight'
-    permute_rows: {from: a, to: b}
-    missing_rows: {init: zeros}
-  - match: 'w|d2t|t2d'
-require:
-  loaded: ['lm_head\\.weight']
-""")
+    permute_rows: {{from: a, to: b}}
+    missing_rows: {{init: {init}}}
+{rest}""")
+
+
+def test_permutation_with_no_source_row_is_not_loaded(case: Case) -> None:
+    two_vocabularies(case)
+    rule = permute_rule(case.root, "zeros", "  - match: 'w|d2t|t2d'\nrequire:\n  loaded: ['lm_head\\.weight']\n")
     case.fails("apply", rule, "--out", case.out, code=1, line=(
         "error: require.loaded (r.yaml:13): 'lm_head.weight' was not loaded from source 'd': tensors[0] "
         "(r.yaml:8) (from d:lm_head.weight) takes none of its 4 rows from the source (all are filled); "
@@ -141,18 +143,7 @@ def test_mean_fill_of_a_float8_tensor_is_the_mean_of_its_rows(tmp_path: Path, ru
     # t drafts tokens 2, 3, 4, 5: rows 2 and 3 are the source's, 4 and 5 are filled with the mean
     make_source(tmp_path / "t", {"d2t": torch.full((4,), 2, dtype=torch.int64),
                                  "t2d": torch.tensor([0, 0, 1, 1, 1, 1], dtype=torch.bool)})
-    rule = write_rule(tmp_path / "r.yaml", """sources: {d: {path: d}, t: {path: t}}
-convert: d
-vocab:
-  a: {source: d, encoding: offset}
-  b: {source: t, encoding: offset}
-tensors:
-  - match: 'lm_head\\.weight'
-    permute_rows: {from: a, to: b}
-    missing_rows: {init: mean}
-  - match: 'd2t|t2d'
-    skip: replaced
-""")
+    rule = permute_rule(tmp_path, "mean", "  - match: 'd2t|t2d'\n    skip: replaced\n")
     proc = run_cli("apply", rule, "--out", tmp_path / "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     from safetensors.torch import load_file
