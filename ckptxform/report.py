@@ -107,12 +107,11 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
         return (f"{result.out} is up to date (same rules, same source weights, verified); nothing written\n"
                 f"audit: {result.audit_path}")
     files = sorted({w.file for w in result.written})
-    lines = [f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
-             f"in {len(files)} file{'s' if len(files) != 1 else ''}",
-             *not_carried_text(result.plan, verbose=verbose),
-             f"audit: {result.audit_path}"]
-    for label, alignment in result.plan.alignments.items():
-        lines.insert(0, f"vocabulary {label}: {alignment.summary()}")
+    lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]
+    lines.extend(not_carried_text(result.plan, verbose=verbose))
+    lines.append(f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
+                 f"in {len(files)} file{'s' if len(files) != 1 else ''}")
+    lines.append(f"audit: {result.audit_path}")
     return _screen(lines)
 
 
