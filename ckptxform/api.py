@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from .engine.execute import ApplyResult, execute
@@ -27,7 +28,8 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
     >>> p.alignments["k2->k25"].summary()                                             # doctest: +SKIP
     '...positions agree; ... tokens shared; ...'
 
-    The returned Plan keeps its sources open; call ``close()`` when done (``apply`` does).
+    The returned Plan keeps its sources open: use it as a context manager (``with plan(...)
+    as p:``) or call ``close()`` when done (``apply`` does).
     """
     ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)
     if sources:
@@ -53,7 +55,7 @@ def apply(
     out: str | os.PathLike[str],
     sources: Mapping[str, str] | None = None,
     force: bool = False,
-    progress: bool | None = None,
+    progress: bool | None = False,
     fsync: bool = True,
     require_pinned: bool = False,
 ) -> ApplyResult:
@@ -62,15 +64,17 @@ def apply(
     Every assertion is checked before any weight byte is read; the output directory
     appears whole or not at all; an existing ``out`` is replaced only with ``force``.
     ``fsync=False`` skips flushing to disk before the final rename: a killed process still
-    leaves OUT whole or absent, a power loss may not.
+    leaves OUT whole or absent, a power loss may not. ``progress``: a progress bar on
+    stderr (None: when stderr is a terminal, as the CLI does); a library call is silent
+    by default, log messages included (enable them with ``logger.enable("ckptxform")``).
+    ``result.out`` and ``result.audit_path`` are absolute.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
     ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
     >>> result.audit_path                                                               # doctest: +SKIP
-    PosixPath('k25-drafter/ckptxform_audit.jsonl')
+    PosixPath('/home/me/k25-drafter/ckptxform_audit.jsonl')
     """
-    the_plan = plan(rules, sources=sources, require_pinned=require_pinned)
-    try:
-        return execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync)
-    finally:
-        the_plan.close()
+    with plan(rules, sources=sources, require_pinned=require_pinned) as the_plan:
+        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync)
+    return replace(result, out=Path(os.path.abspath(result.out)),
+                   audit_path=Path(os.path.abspath(result.audit_path)))

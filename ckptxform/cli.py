@@ -7,8 +7,10 @@ per problem on stderr, no traceback unless ``CKPTXFORM_DEBUG=1``.
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -20,10 +22,66 @@ from .log import configure_stderr
 from .terminal import guarded_stdout
 
 F = TypeVar("F", bound=Callable[..., Any])
+_LEVEL_KEY = "ckptxform.log_level"
 
 
-def _configure_logging(quiet: bool, verbose: bool) -> None:
-    configure_stderr("WARNING" if quiet else ("DEBUG" if verbose else "INFO"))
+def _set_level(level: str) -> Callable[[click.Context, click.Parameter, bool], None]:
+    def callback(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+        if value:
+            ctx.find_root().meta[_LEVEL_KEY] = level
+            configure_stderr(level)
+    return callback
+
+
+def _verbosity_options() -> list[click.Option]:
+    """-q/-v, taken by the group and by every subcommand (``apply R --out X -q``)."""
+    return [click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_set_level("WARNING"),
+                         help="Only warnings and errors; no progress bar."),
+            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_set_level("DEBUG"),
+                         help="Debug logging.")]
+
+
+def _quiet() -> bool:
+    return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "WARNING"
+
+
+class _Command(click.Command):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_verbosity_options())
+
+
+class _Group(click.Group):
+    """The ``ckptxform`` group: usage errors (click's own) also print the JSON failure
+    object on stdout when ``--json`` was given, like every other failure."""
+
+    command_class = _Command
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = sys.argv[1:] if args is None else list(args)
+        if not standalone_mode:  # the caller handles click's exceptions itself
+            return super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as err:
+            shown = io.StringIO()
+            err.show(file=shown)  # click's usage text, each line made safe for a terminal
+            for line in shown.getvalue().splitlines():
+                click.echo(terminal_line(line), err=True)
+            if _wants_json(argv):
+                error = "UsageError" if isinstance(err, click.UsageError) else type(err).__name__
+                click.echo(_failure_json([err.format_message()], err.exit_code, error))
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _wants_json(argv: list[str]) -> bool:
+    options = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in options
 
 
 def _reports_errors(func: F) -> F:
@@ -60,14 +118,20 @@ def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: b
     for line in messages:
         click.echo(terminal_line(f"{prefix}{line}"), err=True)
     if as_json and error != "OutputStreamError":
-        click.echo(json.dumps({"status": "failed", "exit_code": code, "error": error, "messages": messages,
-                               **fields}, indent=2))
+        click.echo(_failure_json(messages, code, error, **fields))
     sys.exit(code)
 
 
+def _failure_json(messages: list[str], code: int, error: str, **fields: Any) -> str:
+    """The failure object (README, "Exit status and --json")."""
+    return json.dumps({"status": "failed", "exit_code": code, "error": error, "messages": messages, **fields},
+                      indent=2)
+
+
 def _verbose() -> bool:
-    """``ckptxform -v``: complete lists (every skipped or unused tensor) instead of the first few."""
-    return bool(click.get_current_context().find_root().params.get("verbose"))
+    """``-v`` (before or after the subcommand): complete lists (every skipped or unused
+    tensor) instead of the first few."""
+    return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "DEBUG"
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
@@ -80,32 +144,65 @@ def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptxform")
-@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
-def main(quiet: bool, verbose: bool) -> None:
-    """Declarative checkpoint conversion: rename, permute by vocabulary map, fill, assert, audit."""
-    _configure_logging(quiet, verbose)
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Declarative checkpoint conversion: rename, permute by vocabulary map, fill, assert, audit.
+
+    RULES is a rule file, or a shipped rule's file stem or name (`ckptxform rules`).
+    """
+    # The CLI logs to stderr (the library alone stays silent); -q/-v given after the
+    # subcommand are parsed after this and change the level again.
+    if _LEVEL_KEY not in ctx.meta:
+        configure_stderr("INFO")
+
+
+main.params.extend(_verbosity_options())
 
 
 @main.command()
 @click.argument("rules", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_reports_errors
-def validate(rules: tuple[str, ...]) -> None:
+def validate(rules: tuple[str, ...], as_json: bool) -> None:
     """Check rule files against the rule language; exit 2 with FILE:LINE:COL messages if invalid."""
     from .rules.loader import load_rules
 
     problems: list[str] = []
+    valid = []
     for path in rules:
         try:
-            load_rules(path)
+            ruleset = load_rules(path)
         except RuleError as err:
             problems.extend(err.problems)
         else:
-            click.echo(f"{path}: ok")
+            valid.append({"rules": path, "file": ruleset.path, "name": ruleset.name})
+            if not as_json:
+                click.echo(f"{path}: ok")
     if problems:
         raise RuleError(problems)
+    if as_json:
+        click.echo(json.dumps({"status": "ok", "valid": valid}, indent=2))
+
+
+@main.command(name="rules")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@_reports_errors
+def list_rules(as_json: bool) -> None:
+    """List the shipped rule library: each rule's name, description and default sources."""
+    from .rules.library import shipped_rules
+
+    shipped = shipped_rules()
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in shipped], indent=2))
+        return
+    for rule in shipped:
+        click.echo(f"{rule.stem}  ({rule.name})" + (f"  extends {rule.extends}" if rule.extends else ""))
+        click.echo(f"    {rule.description}")
+        click.echo("    sources: " + ", ".join(f"{n}={loc}" for n, loc in rule.sources.items()))
+    click.echo(f"\n{len(shipped)} rules in {shipped[0].path.parent if shipped else '(none)'}; "
+               "give a stem or name where a command takes RULES, e.g. ckptxform plan aqmedai_k2_to_k25")
 
 
 _source_option = click.option(
@@ -126,11 +223,9 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
     """Show what apply would do, from headers only: every tensor, the vocab statistics."""
     from . import api, report
 
-    the_plan = api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned)
-    try:
-        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json else report.plan_text(the_plan, verbose=_verbose()))
-    finally:
-        the_plan.close()
+    with api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned) as the_plan:
+        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json
+                   else report.plan_text(the_plan, verbose=_verbose()))
 
 
 @main.command()
@@ -149,8 +244,9 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
     from . import api, report
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
-                       require_pinned=require_pinned)
-    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result, verbose=_verbose()))
+                       require_pinned=require_pinned, progress=False if _quiet() else None)
+    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json
+               else report.apply_text(result, verbose=_verbose()))
 
 
 @main.command()
@@ -209,14 +305,17 @@ def demo(out: str | None, force: bool) -> None:
     from .demo import run_demo
 
     d = run_demo(out, force=force)
+    overrides = " ".join(f"--source {shlex.quote(f'{n}={loc}')}" for n, loc in d.sources.items())
     click.echo(f"built stand-ins of the three sources under {d.root / 'sources'}:")
     for name, loc in d.sources.items():
         click.echo(f"  {name:<12} {loc}")
-    click.echo(f"\n$ ckptxform plan {d.rules} " + " ".join(f"--source {n}=..." for n in d.sources))
+    click.echo(f"\n$ ckptxform plan {d.rule_name} {overrides}")
     click.echo(report.plan_text(d.plan))
-    click.echo(f"\n$ ckptxform apply ... --out {d.result.out}")
+    click.echo(f"\n$ ckptxform apply {d.rule_name} {overrides} --out {shlex.quote(str(d.result.out))}")
     click.echo(report.apply_text(d.result))
-    click.echo(f"\nnext: ckptxform inspect {d.result.out}   |   less {d.result.audit_path}")
+    click.echo(f"\nnext: ckptxform inspect {shlex.quote(str(d.result.out))}   |   "
+               f"ckptxform verify {shlex.quote(str(d.result.out))}")
+    click.echo(f"the stand-ins and the output stay in {d.root}; remove them with: rm -r {shlex.quote(str(d.root))}")
 
 
 @main.command()

@@ -8,6 +8,7 @@ dimensions, different draft vocabularies), then runs the shipped
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,17 @@ from .engine.planner import Plan
 from .errors import OutputError
 
 
+#: the shipped rule the demo runs, by the name a user types
+RULE_NAME = "aqmedai_k2_to_k25"
+
+
 @dataclass(frozen=True)
 class DemoResult:
+    #: absolute: the demo prints commands that must run from any directory
     root: Path
     sources: dict[str, str]
     rules: Path
+    rule_name: str
     plan: Plan
     result: ApplyResult
 
@@ -32,14 +39,14 @@ def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResul
     """Build the stand-ins under ``out`` (default: a new temporary directory) and convert them."""
     from .standins import build_headline_standins
 
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="ckptxform-demo-"))
+    root = Path(os.path.abspath(out) if out is not None else tempfile.mkdtemp(prefix="ckptxform-demo-"))
     converted = root / "converted"
     if converted.exists() and not force:
         raise OutputError(f"{str(converted)!r} already exists from an earlier demo; pass --force to "
                           "replace it or choose another --out", path=str(converted))
     standins = build_headline_standins(root / "sources")
-    rules = data_dir("rules") / "aqmedai_k2_to_k25.yaml"
-    plan = api.plan(rules, sources=standins.sources)
-    plan.close()
+    rules = data_dir("rules") / f"{RULE_NAME}.yaml"
+    with api.plan(rules, sources=standins.sources) as plan:
+        pass
     result = api.apply(rules, out=converted, sources=standins.sources, force=force, progress=False)
-    return DemoResult(root, standins.sources, rules, plan, result)
+    return DemoResult(root, standins.sources, rules, RULE_NAME, plan, result)

@@ -1,9 +1,13 @@
-"""The package's logger: loguru's, imported on first use.
+"""The package's logger: loguru's, imported on first use, silent unless asked.
+
+As a library ckptxform follows loguru's convention for libraries: its messages are
+disabled (``logger.disable("ckptxform")``) until the caller enables them with
+``logger.enable("ckptxform")``; the CLI enables them (``configure_stderr``).
 
 Importing loguru costs about 0.1 s (it brings asyncio), a tenth of copying a 2 GB
 checkpoint; a run that logs nothing should not pay it. ``logger`` forwards everything to
-loguru's logger. Until loguru is loaded, messages below the level the CLI asked for
-(``configure_stderr``) are dropped right here, which is what loguru would do with them.
+loguru's logger. Until loguru is loaded, messages that loguru would drop (below the
+CLI's level, or all of them while disabled) are dropped right here.
 """
 
 from __future__ import annotations
@@ -13,15 +17,18 @@ from typing import Any
 
 _LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "SUCCESS": 25, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
 _FORMAT = "<level>{level: <7}</level> {message}"
-_threshold = 0
+_PACKAGE = "ckptxform"
+_SILENT = 1 << 30
+_threshold = _SILENT
 _pending_level: str | None = None
+_loaded = False
 
 
 def configure_stderr(level: str) -> None:
     """Log messages at ``level`` and above to stderr, and nothing else (the CLI's setting)."""
     global _threshold, _pending_level
     _threshold = _LEVELS[level]
-    if "loguru" in sys.modules:
+    if _loaded:
         _apply(level)
     else:
         _pending_level = level
@@ -32,15 +39,29 @@ def _apply(level: str) -> None:
 
     real.remove()
     real.add(sys.stderr, level=level, format=_FORMAT, colorize=None)
+    real.enable(_PACKAGE)
+
+
+def _user_chose(real: Any) -> bool:
+    """Whether the caller already enabled or disabled ckptxform's messages in loguru (they
+    may have imported loguru after ckptxform and called ``logger.enable`` before our first
+    message). loguru has no public query for this; without the attribute, assume not."""
+    activations = getattr(getattr(real, "_core", None), "activation_list", ())
+    return any(name == _PACKAGE + "." for name, _ in activations)
 
 
 def _loguru() -> Any:
-    global _pending_level
+    global _pending_level, _loaded
+    already_imported = "loguru" in sys.modules
     from loguru import logger as real
 
-    if _pending_level is not None:
-        level, _pending_level = _pending_level, None
-        _apply(level)
+    if not _loaded:
+        _loaded = True
+        if _pending_level is not None:
+            level, _pending_level = _pending_level, None
+            _apply(level)
+        elif not (already_imported and _user_chose(real)):
+            real.disable(_PACKAGE)
     return real
 
 
@@ -51,6 +72,7 @@ def _drop(*_args: Any, **_kwargs: Any) -> None:
 class _LazyLogger:
     def __getattr__(self, name: str) -> Any:
         level = _LEVELS.get(name.upper())
+        # Once loguru is imported (by us or by the caller), it decides.
         if level is not None and level < _threshold and "loguru" not in sys.modules:
             return _drop
         return getattr(_loguru(), name)

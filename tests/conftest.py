@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,16 @@ SMALL_DIMS = KIMI_K2.scaled(hidden=16, head_dim=8, vocab=512, draft_vocab=64, ve
 HEADLINE_SEED = 11
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep the tests' cache (rule files found valid) out of the user's ~/.cache; set in
-    os.environ so the CLI subprocesses use it too."""
-    os.environ["CKPTXFORM_CACHE_DIR"] = str(tmp_path_factory.mktemp("ckptxform-cache"))
-    os.environ.pop("CKPTXFORM_NO_CACHE", None)
+#: The tests' cache (rule files found valid), never the user's ~/.cache/ckptxform. Set when
+#: this file is imported, before any test module is collected (some load rules at import),
+#: and in os.environ so that every CLI subprocess uses it too.
+PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="ckptxform-test-cache-"))
+os.environ["CKPTXFORM_CACHE_DIR"] = str(PRIVATE_CACHE)
+os.environ.pop("CKPTXFORM_NO_CACHE", None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(PRIVATE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ class Plan:
     tensor of every file opened, the vocab statistics and the output config.
 
     The open checkpoints stay attached so that ``apply`` can read without reopening;
-    ``close()`` releases them."""
+    ``close()``, or leaving a ``with`` block, releases them."""
 
     rules: RuleSet
     outputs: tuple[OutputPlan, ...]
@@ -60,6 +60,12 @@ class Plan:
     def close(self) -> None:
         for ckpt in self.checkpoints.values():
             ckpt.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def build_plan(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> Plan:

@@ -32,6 +32,7 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
+from .library import locate_rules, shipped_rule_path
 from .schema_check import format_path, plain, schema_problems
 from .yaml_source import Where, YamlDocument, read_yaml
 
@@ -61,9 +62,10 @@ class _Node:
 
 
 def load_rules(path: str | os.PathLike[str]) -> RuleSet:
-    """Load and validate a rule file; raise ``RuleError`` listing every problem.
+    """Load and validate a rule file (a path, or a shipped rule's file stem or name: see
+    ``library.locate_rules``); raise ``RuleError`` listing every problem.
 
-    >>> rules = load_rules("rules/aqmedai_k2_to_k25.yaml")
+    >>> rules = load_rules("aqmedai_k2_to_k25")
     >>> sorted(rules.sources)
     ['drafter', 'target_vocab', 'verifier']
     """
@@ -71,6 +73,7 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
     if not is_utf8(label):
         raise RuleError([f"{quote(label)}: the path is not valid UTF-8; the audit log records it as text: "
                          "rename the rule file"], path=label)
+    label = locate_rules(label)
     chain = _read_chain(Path(label), label, ())
     problems: list[tuple[tuple[str, int, int], str]] = []
     for doc in chain:
@@ -102,6 +105,9 @@ def _read_chain(path: Path, label: str, seen: tuple[tuple[Path, str], ...]) -> l
     if not isinstance(base, str) or not base:
         return [doc]
     base_label = os.path.normpath(os.path.join(os.path.dirname(label), base))
+    if not Path(base_label).is_file():  # a file beside this one wins over the library
+        shipped = shipped_rule_path(base)
+        base_label = str(shipped) if shipped is not None else base_label
     where = doc.where(("extends",))
     if not Path(base_label).is_file():
         raise RuleError([f"{where}: extends: {base!r} not found (looked for {plain(base_label)})"], path=label)
