@@ -82,9 +82,22 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
         extra = " (permuted)" if isinstance(out.recipe, GatherRows) else ""
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
         lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- {src}{extra}{cast}")
+    lines.extend(_files_text(plan))
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return _screen(lines)
+
+
+def _files_text(plan: Plan) -> list[str]:
+    files = plan.files
+    if not plan.rules.file_rules:
+        return []
+    left = sum(n for _, n in files.unmatched)
+    lines = [f"files: {len(files.copies)} copied, {len(files.skips)} skipped, {left} other file(s) not copied"]
+    width = max((len(printable(c.target)) for c in files.copies), default=0)
+    lines += [f"  {printable(c.target):<{width}}  <- {c.source}:{printable(c.path)} ({c.rule})" for c in files.copies]
+    lines += [f"  skipped {s.source}:{printable(s.path)} ({s.rule}): {printable(s.reason)}" for s in files.skips]
+    return lines
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -98,6 +111,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "outputs": [{"key": o.key, "shape": list(o.shape), "dtype": o.dtype, "rule": o.rule,
                      "from": o.origin()} for o in plan.outputs],
         "config": plan.config,
+        "files": [c.to_event() for c in plan.files.copies] + [s.to_event() for s in plan.files.skips],
         "warnings": list(plan.warnings),
     }
 
@@ -109,6 +123,10 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
     files = sorted({w.file for w in result.written})
     lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]
     lines.extend(not_carried_text(result.plan, verbose=verbose))
+    if result.copied:
+        lines.append(f"copied {len(result.copied)} file{'s' if len(result.copied) != 1 else ''} "
+                     f"({_human_bytes(sum(c.nbytes for c in result.copied))}): "
+                     + ", ".join(printable(c.copy.target) for c in result.copied))
     lines.append(f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
                  f"in {len(files)} file{'s' if len(files) != 1 else ''}")
     lines.append(f"audit: {result.audit_path}")
@@ -118,7 +136,7 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
 def apply_json(result: ApplyResult) -> dict[str, Any]:
     return {"status": "up_to_date" if result.up_to_date else "ok", "out": str(result.out), "audit": str(result.audit_path),
             "bytes_written": result.bytes_written, "tensors": result.plan.counts(),
-            "written": [w.to_event() for w in result.written]}
+            "written": [w.to_event() for w in result.written], "files": [c.to_event() for c in result.copied]}
 
 
 def inspect_json(ckpt: Checkpoint) -> dict[str, Any]:

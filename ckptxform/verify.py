@@ -3,7 +3,8 @@
 Checks that the audit log is complete (``summary`` with status ok), that the weight files
 hold exactly the tensors the audit lists with their shapes and dtypes, that every
 tensor's bytes hash to the recorded sha256, that the shard index maps each key to the
-file the audit names, and that config.json is the one written.
+file the audit names, that config.json is the one written, and that every file copied by
+the rule's ``files`` still has the sha256 the audit records.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine.audit import AUDIT_FILE
+from .engine.files import check_copied_files
 from .errors import CkptxformError, VerifyError, quote_keys
 from .fileio import hash_range, read_small_file
 from .sources.local import MAX_CONFIG_BYTES
@@ -103,6 +105,7 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     problems += [f"{root}: tensor {key!r} (audit: {written[key]['file']}) is missing" for key in missing]
     problems += _check_index(root, written)
     problems += _check_config(root, summary)
+    problems += check_copied_files(root, events)
     if problems:
         raise VerifyError("\n".join(problems), path=str(root))
     return VerifyResult(root, len(written), checked)

@@ -62,7 +62,7 @@ def test_unknown_top_level_key_at_line_n(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         (f"{bad}:{n}:1: frobnicate: unknown key 'frobnicate' (allowed: $schema, add, config, "
-        "convert, description, extends, name, output, require, sources, tensors, version, vocab)")
+        "convert, description, extends, files, name, output, require, sources, tensors, version, vocab)")
     ]
     assert result.stdout == ""
 

@@ -159,7 +159,7 @@ def test_a_missing_permuted_tensor_is_reported_once(headline: HeadlineStandins, 
 
 @pytest.mark.parametrize(("omit", "fix"), [
     ("d2t", "pass --source drafter=LOCATION of a checkpoint that has it"),
-    ("t2d", "set vocab.k2.t2d to its key, or to null if the source has no t2d"),
+    ("t2d", "set vocab.k2.t2d to its key, or t2d_optional: true (it is then derived from d2t)"),
 ])
 def test_a_missing_vocabulary_tensor_says_how_to_fix_it(omit: str, fix: str, headline: HeadlineStandins,
                                                         headline_rule: Path, tmp_path: Path) -> None:

@@ -30,11 +30,13 @@ from ckptxform.errors import PlanError, VocabMapError
 from ckptxform.rules.loader import load_rules
 from ckptxform.standins import (
     KIMI_K2_TINY,
+    KIMI_K25_MLA_TINY,
     LLAMA31_8B_TINY,
     build_eagle3_drafter,
     build_full_vocab_drafter,
     build_headline_standins,
     build_llama_eagle3,
+    build_mla_drafter,
     make_draft_vocab,
 )
 
@@ -94,6 +96,14 @@ def _full_vocab_kimi(root: Path) -> Scenario:
                     frozenset(drafter.keys))
 
 
+def _full_vocab_kimi_mla(root: Path) -> Scenario:
+    dims = KIMI_K25_MLA_TINY
+    drafter = build_mla_drafter(root / "kimi-k2.5-eagle3-mla", dims, seed=10)
+    vocab = build_eagle3_drafter(root / "Kimi-K25-eagle3", dims.base,
+                                 make_draft_vocab(dims.base.vocab, dims.base.draft_vocab, seed=11), seed=11)
+    return Scenario({"drafter": str(drafter.path), "vocab": str(vocab.path)}, frozenset(drafter.keys))
+
+
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "aqmedai_k2_to_k25.yaml": _headline,
@@ -101,6 +111,7 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "eagle3_to_speculators.yaml": _native_llama,
     "speculators_to_eagle3.yaml": _speculators_llama,
     "prune_draft_vocab.yaml": _full_vocab_kimi,
+    "prune_draft_vocab_mla.yaml": _full_vocab_kimi_mla,
 }
 
 

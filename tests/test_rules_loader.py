@@ -36,7 +36,7 @@ vocab:
   k25: {source: target_vocab, encoding: offset}
 """
 
-TOP_KEYS = "$schema, add, config, convert, description, extends, name, output, require, sources, tensors, version, vocab"
+TOP_KEYS = "$schema, add, config, convert, description, extends, files, name, output, require, sources, tensors, version, vocab"
 
 
 @pytest.fixture(autouse=True)

@@ -203,7 +203,8 @@ def test_native_config_is_a_llama_eagle3_config(tmp_path: Path) -> None:
     build_eagle3_drafter(tmp_path, DIMS, ids_for())
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 1
+    # SpecForge's configs/kimi-k2-eagle3.json says kimi_k2 (its layer is a Llama layer all the same)
+    assert config["model_type"] == "kimi_k2" and config["num_hidden_layers"] == 1
     assert (config["hidden_size"], config["vocab_size"], config["draft_vocab_size"]) == \
         (DIMS.hidden, DIMS.vocab, DIMS.draft_vocab)
     assert (config["num_attention_heads"], config["num_key_value_heads"],

@@ -544,7 +544,7 @@ def test_vocab_file_errors(tmp_path: Path) -> None:
     txt.write_text("0 0 3")
     assert file_error(UsageError, txt) == (
         f"vocab file '{txt}': unsupported file type '.txt'; fix: give a .safetensors, .pt, "
-        ".pth, .bin or .json file holding d2t"
+        ".pth, .bin, .npy or .json file holding d2t"
     )
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__
-from .planner import Plan
+
+if TYPE_CHECKING:  # the planner imports engine.files, which needs AUDIT_FILE from here
+    from .planner import Plan
 
 AUDIT_FILE = "ckptxform_audit.jsonl"
 

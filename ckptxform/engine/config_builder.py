@@ -2,12 +2,15 @@
 
 Start from a source's config (``from``), keep/rename/delete fields, then ``set`` values,
 where a string ``${...}`` is a reference resolved here, so no dimension is hard-coded
-and the same rule serves real checkpoints and small stand-ins.
+and the same rule serves real checkpoints and small stand-ins. ``${config.PATH ?? JSON}``
+falls back to the JSON value when the source's config has no PATH (a flag whose default
+differs between the tools that read the source and the output: write it explicitly).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -66,7 +69,10 @@ def _reference(ref: str, where: str, rules: RuleSet, ckpts: Mapping[str, Checkpo
                vocab: Mapping[str, VocabMap], base: dict[str, Any]) -> Any:
     head, _, rest = ref.partition(".")
     if head == "config":
+        rest, has_default, default = rest.partition(" ?? ")
         value = _get(base, rest)
+        if value is _MISSING and has_default:
+            return json.loads(default)  # the loader checked that it is JSON
         if value is _MISSING:
             raise PlanError(f"{where}: ${{{ref}}}: the config of source {rules.config.from_source!r} "  # type: ignore[union-attr]
                             f"has no field {rest!r}; set the value explicitly in the rule file")

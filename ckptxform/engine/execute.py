@@ -21,6 +21,7 @@ from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, PlanError
 from ..log import logger
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
+from .files import CopiedFile, copy_files
 from .layout import OutputTensorSpec, plan_layout
 from .outdir import OutputDir
 from .planner import Plan
@@ -59,6 +60,8 @@ class ApplyResult:
     stale_removed: tuple[Path, ...] = ()
     #: True when ``out`` already held this exact conversion and nothing was written
     up_to_date: bool = False
+    #: the rule's ``files`` copied into ``out``
+    copied: tuple[CopiedFile, ...] = ()
 
 
 Producer = Callable[[OutputPlan, Plan], Iterator[bytes | bytearray | memoryview]]
@@ -277,6 +280,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                     config_path = writer.write_json("config.json", plan.config)
                     config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
                 bytes_written = writer.bytes_written
+            copied = copy_files(plan.files, plan.checkpoints, odir.tmp_path)
             # closing the writer waited for every hash
             written = sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
                                             writer.digest(o.key), o.origin()) for o in plan.outputs),
@@ -285,7 +289,9 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                 bar.close()
             for item in written:
                 audit.event(item.to_event())
-            audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(),
+            for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:
+                audit.event(event)
+            audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
                          "written": len(written), "bytes_written": bytes_written,
                          "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
                          "warnings": list(plan.warnings)})
@@ -296,7 +302,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
         final = odir.commit()
     return ApplyResult(out=final, plan=plan, written=tuple(written),
                        audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
-                       stale_removed=odir.stale_removed)
+                       stale_removed=odir.stale_removed, copied=copied)
 
 
 def _write_copies(outputs: list[tuple[OutputPlan, tuple[Path, int, int]]], writer: ShardWriter, bar: Any,

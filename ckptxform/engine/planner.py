@@ -16,11 +16,12 @@ from ..dtypes import USER_DTYPES, cast_problem
 from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_keys
 from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
-from ..rules.model import AddEntry, RuleSet, TensorRule
+from ..rules.model import AddEntry, RuleSet, TensorRule, VocabSpec
 from ..sources.base import Checkpoint, TensorInfo
 from ..sources.vocab_files import load_vocab_file
 from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
 from .config_builder import build_config
+from .files import FilesPlan, plan_files
 from .output_checks import carries_source_rows, value_problem
 from .recipes import CopyTensor, GatherRows, OutputPlan, SourceRecord, TensorRecord, VocabField
 
@@ -45,6 +46,8 @@ class Plan:
     sources: dict[str, SourceRecord]
     warnings: tuple[str, ...]
     checkpoints: dict[str, Checkpoint] = field(repr=False, default_factory=dict)
+    #: the rule's ``files``: what is copied, what is skipped
+    files: FilesPlan = field(default_factory=FilesPlan)
 
     @property
     def total_bytes(self) -> int:
@@ -89,6 +92,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
             names.add(entry.source)
     if rules.config and rules.config.from_source:
         names.add(rules.config.from_source)
+    names.update(rule.source for rule in rules.file_rules)
     return [name for name in rules.sources if name in names]
 
 
@@ -123,7 +127,7 @@ class _Planner:
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
                     records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
-                    checkpoints=self.ckpts)
+                    checkpoints=self.ckpts, files=plan_files(self.rules, self.ckpts))
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
@@ -185,7 +189,7 @@ class _Planner:
             if spec.file is not None:
                 assert spec.encoding is not None
                 self.vocab[name] = load_vocab_file(spec.file, name=name, encoding=spec.encoding,
-                                                   vocab_size=spec.vocab_size)
+                                                   vocab_size=self._vocab_size(spec, where))
                 continue
             assert spec.source is not None
             if spec.identity_rows_of is not None:
@@ -196,17 +200,34 @@ class _Planner:
             assert spec.encoding is not None
             ckpt = self.ckpts[spec.source]
             d2t = self._tensor(spec.source, spec.d2t, where)
+            has_t2d = spec.t2d is not None and not (spec.t2d_optional and spec.t2d not in ckpt.tensors)
             t2d = self._tensor(spec.source, spec.t2d, where,
-                               f"set vocab.{name}.t2d to its key, or to null if the source has no t2d"
-                               ) if spec.t2d else None
+                               f"set vocab.{name}.t2d to its key, or t2d_optional: true (it is then derived "
+                               "from d2t)") if has_t2d and spec.t2d else None
             self.vocab[name] = vocab_map_from_bytes(
                 name, ckpt.read(d2t), d2t.dtype, ckpt.read(t2d) if t2d else None,
-                t2d.dtype if t2d else None, encoding=spec.encoding, vocab_size=spec.vocab_size,
+                t2d.dtype if t2d else None, encoding=spec.encoding,
+                vocab_size=self._vocab_size(spec, where),
                 origin=f"source {spec.source!r} tensor {spec.d2t!r}")
             reason = f"read as vocabulary map {name!r} ({spec.encoding})"
             self._record(spec.source, d2t, "vocab", None, spec.where.short, reason)
             if t2d:
                 self._record(spec.source, t2d, "vocab", None, spec.where.short, reason)
+
+    def _vocab_size(self, spec: VocabSpec, where: str) -> int | None:
+        """``vocab_size`` as written, or read from the source's config (``${config.PATH}``)."""
+        if not isinstance(spec.vocab_size, str):
+            return spec.vocab_size
+        assert spec.source is not None
+        path = spec.vocab_size[len("${config."):-1]
+        value: Any = self.ckpts[spec.source].config() or {}
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"{where}: vocab_size {spec.vocab_size}: the config of source {spec.source!r} "
+                            f"({self.ckpts[spec.source].location}) has {value!r} there, not a positive integer; "
+                            "give the size as an integer in the rule file", source=spec.source)
+        return value
 
     # -- the converted source ------------------------------------------------------------
     def _plan_converted_source(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
+from .file_rules import build_file_rules, entry_problems
 from .library import locate_rules, shipped_rule_path
 from .schema_check import format_path, plain, schema_problems
 from .yaml_source import Where, YamlDocument, read_yaml
@@ -127,6 +129,7 @@ class _Merged:
         self.scalars: dict[str, _Node] = {}
         self.named: dict[str, dict[str, _Node]] = {"sources": {}, "vocab": {}, "add": {}}
         self.tensors: list[_Node] = []
+        self.files: list[_Node] = []
         self.require: dict[str, _Node] = {}
         self.min_rows: dict[str, _Node] = {}
         self.config: _Node | None = None
@@ -150,6 +153,8 @@ def _merge(chain: list[YamlDocument]) -> _Merged:
             # The child's rules are tried first: first match wins, so they override.
             mine = [_Node(doc, ("tensors", i), v) for i, v in enumerate(data["tensors"])]
             merged.tensors = mine + merged.tensors
+        if isinstance(data.get("files"), list):  # like tensors: the child's entries first
+            merged.files = [_Node(doc, ("files", i), v) for i, v in enumerate(data["files"])] + merged.files
         require = data.get("require")
         if isinstance(require, dict):
             for key, value in require.items():
@@ -197,6 +202,10 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
 
     for node in m.named["vocab"].values():
         check_ref(node, ("source",), "source", sources)
+        if isinstance(node.value, dict) and isinstance(node.value.get("vocab_size"), str) \
+                and "source" not in node.value:
+            report(node, ("vocab_size",), "a ${config.PATH} reference reads the source's config.json: "
+                   "this map has no source; give the size as an integer")
 
     literal_outputs: dict[str, str] = {}
     earlier: list[KeyPattern] = []
@@ -244,6 +253,14 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
         if key in literal_outputs:
             report(node, (), f"output key {key!r} is also produced by {literal_outputs[key]}; "
                    "remove one of them", key=True)
+
+    for node in m.files:
+        check_ref(node, ("from",), "source", sources)
+        for sub, problem in entry_problems(node.value):
+            report(node, sub, problem)
+        if isinstance(node.value, dict) and "from" not in node.value and "convert" not in m.scalars \
+                and len(sources) != 1:
+            report(node, (), "no 'from', and no 'convert' source to copy from by default; name the source")
 
     loaded = m.require.get("loaded")
     if loaded is not None and isinstance(loaded.value, list):
@@ -344,6 +361,12 @@ def _reference_problem(value: Any, sources: list[str], vocabs: list[str]) -> str
     parts = ref.group(1).split(".")
     head = parts[0]
     if head == "config" and len(parts) >= 2:
+        _, has_default, default = ref.group(1).partition(" ?? ")
+        try:
+            json.loads(default) if has_default else None
+        except ValueError:
+            return (f"{value!r}: the default after ' ?? ' must be a JSON value "
+                    "(true, false, a number, \"text\", null)")
         return None
     if head == "vocab" and len(parts) == 3 and parts[2] in ("draft_size", "vocab_size"):
         return None if parts[1] in vocabs else f"unknown vocabulary {parts[1]!r}{_did_you_mean(parts[1], vocabs)}"
@@ -383,7 +406,8 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
         vocab[name] = VocabSpec(name=name, where=node.where(), source=v.get("source"),
                                 d2t=v.get("d2t", "d2t"), t2d=v.get("t2d", "t2d"), file=file,
                                 encoding=v.get("encoding"), vocab_size=v.get("vocab_size"),
-                                identity_rows_of=v.get("identity_rows_of"))
+                                identity_rows_of=v.get("identity_rows_of"),
+                                t2d_optional=v.get("t2d_optional", False))
     tensors = []
     for index, node in enumerate(m.tensors):
         v = node.value
@@ -426,6 +450,7 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
     description = m.scalars["description"].value if "description" in m.scalars else ""
     return RuleSet(path=label, name=name, description=description, sources=sources, convert=convert,
                    vocab=vocab, tensors=tuple(tensors), add=add,
+                   file_rules=build_file_rules([(n.value, n.where()) for n in m.files], convert),
                    require=Require(loaded=loaded, min_rows_from_source=min_rows, strict=strict),
                    config=config, output=output, sha256=sha256, files=files)
 

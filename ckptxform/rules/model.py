@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .file_rules import FileRule
 from .key_pattern import KeyPattern
 from .yaml_source import Where
 
@@ -45,8 +46,11 @@ class VocabSpec:
     t2d: str | None = "t2d"
     file: str | None = None
     encoding: Encoding | None = None
-    vocab_size: int | None = None
+    #: an integer, or ``${config.PATH}`` of the source's config.json
+    vocab_size: int | str | None = None
     identity_rows_of: str | None = None
+    #: the source may lack ``t2d`` (vLLM and SGLang never read it): then it is derived from d2t
+    t2d_optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,8 @@ class RuleSet:
     require: Require
     config: ConfigSpec | None
     output: OutputSpec
+    #: the ``files`` section: non-weight files copied into the output (none without it)
+    file_rules: tuple[FileRule, ...] = ()
     #: sha256 over the bytes of this file and every file it extends, in order
     sha256: str = ""
     files: tuple[str, ...] = field(default=())

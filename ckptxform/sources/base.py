@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import SourceNotFoundError, UsageError
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,19 @@ class Checkpoint(ABC):
     def local_path(self, file: str) -> Path | None:
         """A local path holding ``file``'s exact bytes (for streaming copies), or None."""
         return None
+
+    def list_files(self) -> tuple[str, ...]:
+        """Every file of the checkpoint's folder or repo, weights included, as sorted
+        relative ``/``-separated paths (what a rule's ``files`` globs match)."""
+        return tuple(sorted(self.files))
+
+    def file_path(self, name: str) -> Path:
+        """A local path holding the bytes of ``name`` (one of ``list_files()``); Hub
+        sources download that one file."""
+        path = self.local_path(name)
+        if path is None:
+            raise SourceNotFoundError(f"{self.location}: cannot read file {name!r}", path=name)
+        return path
 
     def prefetch(self, files: Iterable[str]) -> None:
         """Make ``files`` available for reading (Hub sources download them)."""

@@ -41,6 +41,7 @@ from typing import Any, Literal, TypeVar
 from ckptxform.errors import CheckpointFormatError, CkptxformError, EntryNotFoundError, UsageError
 from ckptxform.log import logger
 from ckptxform.sources.base import Checkpoint, TensorInfo
+from ckptxform.sources.file_listing import hub_files
 from ckptxform.sources.hub_errors import CutResponse, HubWhere, Retry, call_hub
 from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
@@ -188,6 +189,12 @@ class HubCheckpoint(Checkpoint):
             if isinstance(cached, str):
                 self._local[file] = Path(cached)
         return self._local.get(file)
+
+    def list_files(self) -> tuple[str, ...]:
+        return hub_files(self.repo_id, str(self.commit), lambda fn: self._call(fn, file=None))
+
+    def file_path(self, name: str) -> Path:
+        return self.local_path(name) or self._download(name)
 
     def prefetch(self, files: Iterable[str]) -> None:
         """Download ``files`` into the Hugging Face cache (not under policy ``ranges``)."""

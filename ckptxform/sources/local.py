@@ -35,6 +35,7 @@ from ckptxform.errors import (
 )
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
+from ckptxform.sources.file_listing import local_files
 from ckptxform.sources.safetensors_header import (
     MAX_HEADER_BYTES,
     check_index_matches_shards,
@@ -164,6 +165,14 @@ class LocalCheckpoint(Checkpoint):
             path=str(self.root / info.file),
             key=info.key,
         )
+
+    def list_files(self) -> tuple[str, ...]:
+        return local_files(self.root, label=self.location)
+
+    def file_path(self, name: str) -> Path:
+        path = self.root / name
+        _check_inside(path, self.root)
+        return path
 
     def local_path(self, file: str) -> Path | None:
         if file not in self.files or file in self._bin_tensors:

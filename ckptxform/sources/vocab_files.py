@@ -3,7 +3,8 @@
 A rule can take a vocabulary map from a file instead of a checkpoint source: a
 ``.safetensors`` file (a whole drafter's ``model.safetensors`` works: only the header and
 the ``d2t``/``t2d`` bytes are read), a pickled ``.pt``/``.pth``/``.bin`` as SpecForge
-writes its vocab-mapping files, or ``.json``. Each format is decoded into the values
+writes its vocab-mapping files, ``d2t.npy`` (with ``t2d.npy`` beside it, or a folder
+holding both) as speculators writes them, or ``.json``. Each format is decoded into the values
 ``VocabMap.from_d2t`` checks; the map's logic lives in ``ckptxform.vocab``.
 
 Only ``.pt``/``.pth``/``.bin`` files import torch, lazily, so ``plan`` with a safetensors
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ckptxform.errors import (
     CheckpointFormatError,
@@ -27,6 +29,9 @@ from ckptxform.vocab import Encoding, VocabMap, vocab_map_from_bytes
 
 __all__ = ["load_vocab_file"]
 
+#: speculators' vocabulary-map files (scripts/build_vocab_mapping.py writes both)
+_NPY_D2T, _NPY_T2D = "d2t.npy", "t2d.npy"
+
 
 def load_vocab_file(
     path: str | Path,
@@ -38,11 +43,15 @@ def load_vocab_file(
     """A ``VocabMap`` from a standalone vocabulary file holding ``d2t`` (and optionally
     ``t2d``): ``.safetensors``; ``.pt``/``.pth``/``.bin`` (a dict with ``d2t``/``t2d`` or
     a bare ``d2t`` tensor, as SpecForge's vocab-mapping files; loaded with
-    ``weights_only=True``); or ``.json`` (a list of ints or ``{"d2t": [...], "t2d": [...]}``).
+    ``weights_only=True``); ``.npy`` (numpy arrays, no pickles: a ``d2t.npy`` reads
+    ``t2d.npy`` beside it when there is one; a folder means its ``d2t.npy``); or ``.json``
+    (a list of ints or ``{"d2t": [...], "t2d": [...]}``).
 
     >>> load_vocab_file("vocab_mapping.pt", name="k25", encoding="offset")  # doctest: +SKIP
     """
     path = Path(path)
+    if path.is_dir():
+        path = path / _NPY_D2T
     if not path.is_file():
         raise SourceNotFoundError(
             f"vocab file '{path}' does not exist; fix: check the path", path=str(path)
@@ -54,9 +63,11 @@ def load_vocab_file(
         return _load_torch(path, name, encoding, vocab_size)
     if suffix == ".json":
         return _load_json(path, name, encoding, vocab_size)
+    if suffix == ".npy":
+        return _load_npy(path, name, encoding, vocab_size)
     raise UsageError(
         f"vocab file '{path}': unsupported file type {suffix or '(none)'!r}; fix: give a "
-        ".safetensors, .pt, .pth, .bin or .json file holding d2t",
+        ".safetensors, .pt, .pth, .bin, .npy or .json file holding d2t",
         path=str(path),
     )
 
@@ -192,3 +203,32 @@ def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None
     return VocabMap.from_d2t(
         name, d2t, encoding=encoding, vocab_size=vocab_size, t2d=t2d, origin=f"file '{path}'"
     )
+
+
+def _load_npy(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
+    d2t = _npy_array(path, "d2t")
+    t2d_path = path.with_name(_NPY_T2D) if path.name == _NPY_D2T else None
+    t2d = _npy_array(t2d_path, "t2d") if t2d_path is not None and t2d_path.is_file() else None
+    if d2t.dtype.kind not in "iu":
+        raise VocabMapError(f"vocab file '{path}': d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
+                            "array (int64)", path=str(path), key="d2t")
+    if t2d is not None and t2d.dtype.kind not in "bu":
+        raise VocabMapError(f"vocab file '{t2d_path}': t2d has dtype {t2d.dtype}; fix: t2d must be a boolean "
+                            "array, one flag per target id", path=str(t2d_path), key="t2d")
+    return VocabMap.from_d2t(name, d2t.tolist(), encoding=encoding, vocab_size=vocab_size,
+                             t2d=None if t2d is None else [bool(v) for v in t2d.tolist()],
+                             origin=f"file '{path}'")
+
+
+def _npy_array(path: Path, key: str) -> Any:
+    """A one-dimensional array from a ``.npy`` file; pickled object arrays are refused."""
+    import numpy
+
+    try:
+        array = numpy.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise CheckpointFormatError(
+            f"vocab file '{path}' is not a plain numpy array ({err}); fix: save {key} with "
+            f"numpy.save('{path.name}', {key}.numpy())", path=str(path)) from None
+    _check_one_dim(path, key, array.shape)
+    return array

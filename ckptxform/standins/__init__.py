@@ -14,7 +14,7 @@ costs nothing to ``validate`` or ``plan``.
 
 Modules: ``dims`` (model families' dimensions), ``draft_vocab`` (vocabulary maps),
 ``tensors`` (seeded values, file writing, records), ``configs`` (config.json contents),
-``drafters`` and ``verifiers`` (builders per family), ``headline`` (the headline
+``drafters``, ``mla`` (an MLA drafter) and ``verifiers`` (builders per family), ``headline`` (the headline
 conversion's three sources). The names below are the API; the rest is shared
 between these modules only.
 
@@ -38,22 +38,26 @@ from ckptxform.standins.drafters import (
     build_llama_eagle3,
 )
 from ckptxform.standins.headline import HeadlineStandins, build_headline_standins
+from ckptxform.standins.mla import KIMI_K25_MLA_TINY, MlaDims, build_mla_drafter
 from ckptxform.standins.tensors import BuiltCheckpoint
 from ckptxform.standins.verifiers import build_kimi_k25_verifier, build_llama_verifier
 
 __all__ = [
     "KIMI_K2",
+    "KIMI_K25_MLA_TINY",
     "KIMI_K2_TINY",
     "LLAMA31_8B",
     "LLAMA31_8B_TINY",
     "BuiltCheckpoint",
     "DrafterDims",
     "HeadlineStandins",
+    "MlaDims",
     "build_eagle3_drafter",
     "build_full_vocab_drafter",
     "build_headline_standins",
     "build_kimi_k25_verifier",
     "build_llama_eagle3",
     "build_llama_verifier",
+    "build_mla_drafter",
     "make_draft_vocab",
 ]

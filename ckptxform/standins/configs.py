@@ -13,7 +13,7 @@ __all__ = ["kimi_k25_config", "llama_fields", "native_config", "speculators_conf
 def native_config(dims: DrafterDims, *, draft_vocab: bool) -> dict[str, Any]:
     config: dict[str, Any] = {
         "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
+        "model_type": dims.model_type,
         **llama_fields(dims),
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(dims.aux_layers),
                          "use_aux_hidden_state": True},

@@ -24,7 +24,9 @@ class DrafterDims:
 
     ``vocab`` is the verifier's vocabulary, ``draft_vocab`` the drafter's; ``aux_layers``
     are the verifier layers whose hidden states ``fc`` fuses (its input is
-    ``len(aux_layers) * verifier_hidden`` wide). ``dtype`` is a torch-style name.
+    ``len(aux_layers) * verifier_hidden`` wide). ``dtype`` is a torch-style name;
+    ``model_type`` is what the native config.json says (SpecForge's Kimi-K2 drafter config
+    says ``kimi_k2`` although its layer is a Llama layer).
     """
 
     hidden: int
@@ -43,6 +45,7 @@ class DrafterDims:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 131072
+    model_type: str = "llama"
 
     def __post_init__(self) -> None:
         positive = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
@@ -130,7 +133,7 @@ KIMI_K2 = DrafterDims(
     vocab=163840, draft_vocab=32000, verifier_hidden=7168, verifier_layers=61,
     aux_layers=(2, 30, 58), bos_token_id=163584, eos_token_id=163585,
     dtype="bfloat16", rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-    max_position_embeddings=131072,
+    max_position_embeddings=131072, model_type="kimi_k2",
 )
 
 # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: its config.json says float16 and 2048 positions.
