@@ -28,8 +28,11 @@ from hubserver import HubServer, LoggedRequest
 #: Prepended to every client script: JSON-line reporting and fast retries.
 CLIENT_PRELUDE = """
 import json, os, sys
+from loguru import logger
 from ckptxform.errors import CkptxformError
 from ckptxform.sources.hub import Retry, open_hub
+
+logger.enable("ckptxform")  # a library is silent unless asked: these clients check its warnings
 
 FAST = Retry(tries=5, first_wait=0.01, max_wait=0.02)
 

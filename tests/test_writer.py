@@ -447,11 +447,13 @@ def test_stale_temporaries_of_dead_runs_are_removed_and_reported(tmp_path: Path)
     other.mkdir()
     messages: list[str] = []
     sink = logger.add(lambda m: messages.append(str(m).strip()), format="{message}")
+    logger.enable("ckptxform")  # as a library ckptxform logs only when asked
     try:
         with OutputDir(out) as od:
             assert od.stale_removed == (stale,)
             od.commit()
     finally:
+        logger.disable("ckptxform")
         logger.remove(sink)
     assert not stale.exists() and live.exists() and other.exists()
     assert f"removed {stale} left by a killed ckptxform run (pid {pid})" in messages
