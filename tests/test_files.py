@@ -248,3 +248,27 @@ def test_files_text_of_the_plan(model_rule: Path, run_cli: Any) -> None:
           skipped model:original/tokenizer.model ({rule}:15): the sentencepiece model is not needed beside \
 tokenizer.json
         """))
+
+
+def test_a_rerun_notices_a_changed_source_file(model_rule: Path, tmp_path: Path) -> None:
+    from ckptxform.errors import OutputError
+
+    out = tmp_path / "out"
+    api.apply(model_rule, out=out)
+    assert api.apply(model_rule, out=out).up_to_date
+    (tmp_path / "model" / "tokenizer.json").write_bytes(b'{"version": "2.0"}')
+    with pytest.raises(OutputError) as err:
+        api.apply(model_rule, out=out)
+    assert str(err.value) == (f"{str(out)!r} already exists and was made from another 'tokenizer.json' of source "
+                              "'model' (its sha256 changed since); pass --force to replace it")
+    (tmp_path / "model" / "tokenizer.json").write_bytes(MODEL_FILES["tokenizer.json"])
+    (tmp_path / "model" / "tool_template.jinja").write_text("{{ tools }}")
+    with pytest.raises(OutputError) as err:
+        api.apply(model_rule, out=out)
+    assert str(err.value).endswith("was made from other files: 7 copied then, 8 to copy now (the rules' files "
+                                   "section or the sources' files changed); pass --force to replace it")
+    (tmp_path / "model" / "LICENSE").unlink()
+    model_rule.write_text(model_rule.read_text().replace("{glob: LICENSE}", "{glob: LICENSE, optional: true}"))
+    with pytest.raises(OutputError, match="other rules"):
+        api.apply(model_rule, out=out)
+    assert api.apply(model_rule, out=out, force=True).copied[0].copy.target == "SOURCE_README.md"

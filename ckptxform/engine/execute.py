@@ -21,7 +21,7 @@ from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, PlanError
 from ..log import logger
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
-from .files import CopiedFile, copy_files
+from .files import CopiedFile, copied_files_changed, copy_files
 from .layout import OutputTensorSpec, plan_layout
 from .outdir import OutputDir
 from .planner import Plan
@@ -375,7 +375,7 @@ def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
         events = read_audit(out)
         if not events or events[0].get("event") != "run":
             return f"its {AUDIT_FILE} does not start with a run record"
-        changed = _changes(plan, events[0])
+        changed = _changes(plan, events[0]) or copied_files_changed(plan.files, plan.checkpoints, events)
         if changed:
             return "was made from " + "; ".join(changed)
         verify(out)

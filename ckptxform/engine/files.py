@@ -163,6 +163,40 @@ def copy_files(files: FilesPlan, checkpoints: Mapping[str, Checkpoint], dest: Pa
     return tuple(out)
 
 
+def copied_files_changed(files: FilesPlan, checkpoints: Mapping[str, Checkpoint],
+                         events: list[dict[str, Any]]) -> list[str]:
+    """For a rerun: what differs between the files this plan copies and those an earlier
+    run's audit ``events`` record (a Hub source's commit, checked with the weights, pins
+    its files; a local file is hashed again)."""
+    recorded = {(e.get("source"), e.get("path"), e.get("file")): e.get("sha256") for e in events
+                if e.get("event") == "file" and e.get("action") == "copied"}
+    planned = {(c.source, c.path, c.target): c for c in files.copies}
+    if set(recorded) != set(planned):
+        return [f"other files: {len(recorded)} copied then, {len(planned)} to copy now (the rules' files "
+                "section or the sources' files changed)"]
+    changed = []
+    for key, copy in sorted(planned.items()):
+        ckpt = checkpoints[copy.source]
+        if ckpt.commit is None and _sha256_of(ckpt.file_path(copy.path)) != recorded[key]:
+            changed.append(f"another {copy.path!r} of source {copy.source!r} (its sha256 changed since)")
+    return changed
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        return _sha256(path)
+    except OSError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def check_copied_files(root: Path, events: list[dict[str, Any]]) -> list[str]:
     """``verify``: each file the audit says was copied is in ``root`` with the same sha256."""
     problems = []
@@ -175,16 +209,13 @@ def check_copied_files(root: Path, events: list[dict[str, Any]]) -> list[str]:
                             "the audit log is damaged")
             continue
         path = root / name
-        digest = hashlib.sha256()
         try:
-            with path.open("rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
+            digest = _sha256(path)
         except OSError as err:
             problems.append(f"{path}: {err.strerror or err}; apply copied it from source "
                             f"{event.get('source')!r} ({event.get('path')!r})")
             continue
-        if digest.hexdigest() != recorded:
-            problems.append(f"{path}: sha256 {digest.hexdigest()[:12]}... differs from the audit's "
+        if digest != recorded:
+            problems.append(f"{path}: sha256 {digest[:12]}... differs from the audit's "
                             f"{recorded[:12]}...; the file was changed after apply")
     return problems
