@@ -93,6 +93,9 @@ def test_quiet_and_verbose_work_after_the_subcommand(headline: HeadlineStandins,
         assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert run_cli("-q", *args).stderr == ""
     assert "is up to date" in run_cli(*args, "-v").stderr
+    plan = ("plan", "aqmedai_k2_to_k25", *source_args(headline.sources))
+    before, after, short = run_cli("-v", *plan).stdout, run_cli(*plan, "--verbose").stdout, run_cli(*plan).stdout
+    assert before == after != short  # -v lists every tensor not written out, wherever it is given
 
 
 def test_json_usage_errors_are_json_on_stdout(run_cli: Any) -> None:
