@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -84,12 +85,23 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in options
 
 
+class _Terminated(BaseException):
+    """SIGTERM (what timeout, systemd and Kubernetes send), raised where the run is, like
+    KeyboardInterrupt for SIGINT, so that it unwinds the same way: no temporary output, no lock."""
+
+
+def _terminate(signum: int, frame: object) -> NoReturn:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
+    raise _Terminated
+
+
 def _reports_errors(func: F) -> F:
     """Turn ckptxform errors into one line per problem and the contract's exit codes."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            signal.signal(signal.SIGTERM, _terminate)
             with guarded_stdout():
                 return func(*args, **kwargs)
         except CkptxformError as err:
@@ -102,6 +114,8 @@ def _reports_errors(func: F) -> F:
                   type(err).__name__, as_json=bool(kwargs.get("as_json")), **fields)
         except KeyboardInterrupt:
             _fail(["interrupted"], "", 130, "KeyboardInterrupt", as_json=bool(kwargs.get("as_json")))
+        except _Terminated:
+            _fail(["terminated (SIGTERM)"], "", 128 + signal.SIGTERM, "Terminated", as_json=bool(kwargs.get("as_json")))
         except Exception as err:  # noqa: BLE001 - last resort: one line, never a traceback
             if os.environ.get("CKPTXFORM_DEBUG") == "1":
                 raise

@@ -62,6 +62,11 @@ class SourceNotFoundError(CkptxformError, FileNotFoundError):
     """A source location, file or tensor does not exist."""
 
 
+class SourceChangedError(CkptxformError, RuntimeError):
+    """A source file changed between the plan and the end of the run (rewritten in place,
+    replaced, deleted)."""
+
+
 class VocabMapError(CkptxformError, ValueError):
     """A vocabulary map (d2t/t2d) is inconsistent or declared with the wrong encoding."""
 

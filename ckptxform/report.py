@@ -118,7 +118,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
     if result.up_to_date:
-        return (f"{result.out} is up to date (same rules, same source weights, verified); nothing written\n"
+        return (f"{result.out} is up to date (same plan from the same inputs, verified); nothing written\n"
                 f"audit: {result.audit_path}")
     files = sorted({w.file for w in result.written})
     lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]

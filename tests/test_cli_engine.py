@@ -137,8 +137,15 @@ def test_existing_output_needs_force(headline: HeadlineStandins, headline_rule: 
     assert (out / "mine.txt").read_text() == "keep me"
     assert_nothing_written(tmp_path, ["out"])
 
+    # --force replaces only an earlier output of ckptxform (tests/test_trust_output.py)
+    assert_clean_failure(run_cli(*apply_args(headline_rule, headline.sources, out, "--force")))
+    assert (out / "mine.txt").read_text() == "keep me"
+    (out / "mine.txt").unlink()
+    out.rmdir()
+    assert run_cli(*apply_args(headline_rule, headline.sources, out)).returncode == 0
     proc = run_cli(*apply_args(headline_rule, headline.sources, out, "--force"))
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2].startswith(f"wrote {out}: ")
     assert sorted(p.name for p in out.iterdir()) == ["ckptxform_audit.jsonl", "config.json", "model.safetensors"]
     assert "lm_head.weight" in read_output(out)
     assert_nothing_written(tmp_path, ["out"])

@@ -403,8 +403,11 @@ def test_existing_output_is_refused_without_force_and_left_untouched(tmp_path: P
 def test_force_replaces_the_old_output_whole(tmp_path: Path) -> None:
     out = tmp_path / "out"
     write_all(out, {"old.a": torch.ones(3), "old.b": torch.ones(3)}, max_shard_size=12)
-    assert len(list(out.glob("model-0000?-of-00002.safetensors"))) == 2
-    (out / "stray.txt").write_text("from the old run")
+    shards = sorted(p.name for p in out.glob("model-0000?-of-00002.safetensors"))
+    assert len(shards) == 2
+    # what makes it an earlier output of ckptxform, the only kind --force replaces
+    (out / "ckptxform_audit.jsonl").write_text(json.dumps({"event": "run"}) + "\n" + json.dumps(
+        {"event": "summary", "status": "ok", "files": shards}) + "\n")
     tensors = sample_tensors()
     write_all(out, tensors, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]

@@ -8,19 +8,24 @@ gave, and tokens never reach the plan.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__
+from ..errors import quote_keys
 
 if TYPE_CHECKING:  # the planner imports engine.files, which needs AUDIT_FILE from here
+    from .digest import RunDigest
     from .planner import Plan
 
 AUDIT_FILE = "ckptxform_audit.jsonl"
+CONFIG_FILE = "config.json"
+_SHARD = re.compile(r"(.+)-\d{5}-of-\d{5}\.safetensors")
 
 
-def run_event(plan: Plan, started: datetime) -> dict[str, Any]:
+def run_event(plan: Plan, started: datetime, digest: RunDigest) -> dict[str, Any]:
     rules = plan.rules
     return {
         "event": "run",
@@ -30,7 +35,45 @@ def run_event(plan: Plan, started: datetime) -> dict[str, Any]:
         "sources": {name: record.to_dict() for name, record in plan.sources.items()},
         "version": __version__,
         "started": started.isoformat(timespec="seconds"),
+        **digest.record_fields(),
     }
+
+
+def not_an_earlier_output(out: Path) -> str | None:
+    """Why ``out`` is not purely an earlier output of ``ckptxform apply``, or None when it is:
+    a directory whose audit log starts with a run record and ends with the ok summary of a
+    completed run, holding nothing but the files that summary lists, their shard index,
+    config.json and the audit. Only such a directory may be replaced (``--force``)."""
+    if not out.is_dir():
+        return "it is not a directory"
+    path = out / AUDIT_FILE
+    try:
+        lines = path.read_bytes().splitlines()
+    except FileNotFoundError:
+        return f"it has no {AUDIT_FILE}, so ckptxform did not write it"
+    except OSError as err:
+        return f"its {AUDIT_FILE} cannot be read ({err.strerror or err})"
+    first, last = (_event(lines[0]), _event(lines[-1])) if lines else (None, None)
+    if first is None or first.get("event") != "run":
+        return f"its {AUDIT_FILE} does not start with the run record of ckptxform apply"
+    files = last.get("files") if last is not None and last.get("event") == "summary" else None
+    if last is None or last.get("status") != "ok" or not isinstance(files, list):
+        return f"its {AUDIT_FILE} does not end with the summary of a completed run"
+    written = {AUDIT_FILE, CONFIG_FILE, *map(str, files)}
+    written |= {f"{m.group(1)}.safetensors.index.json" for f in written if (m := _SHARD.fullmatch(f))}
+    foreign = [entry.name for entry in out.iterdir() if entry.name not in written or not entry.is_file()
+               or entry.is_symlink()]
+    if foreign:
+        return f"it holds {quote_keys(foreign, 3)}, which ckptxform did not write there"
+    return None
+
+
+def _event(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return event if isinstance(event, dict) else None
 
 
 class AuditLog:

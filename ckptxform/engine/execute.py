@@ -20,10 +20,12 @@ from typing import Any, TypeVar
 from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, PlanError
 from ..log import logger
+from ..sources.pins import check_unchanged
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .files import CopiedFile, copied_files_changed, copy_files
+from .digest import RunDigest, changes, run_digest
 from .layout import OutputTensorSpec, plan_layout
-from .outdir import OutputDir
+from .outdir import OutputDir, refuse_overlap
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
 from .writer import ShardWriter
@@ -244,8 +246,10 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                          file_name=plan.rules.output.file_name)
     if progress is None:
         progress = sys.stderr.isatty()
+    refuse_overlap(out, _inputs_on_disk(plan))
+    digest = run_digest(plan)
     if not force and os.path.lexists(out):
-        previous = _previous_run(plan, Path(out))
+        previous = _previous_run(plan, digest, Path(out))
         if isinstance(previous, str):
             raise OutputError(f"{os.path.abspath(out)!r} already exists and {previous}; pass --force to "
                               "replace it", path=os.path.abspath(out))
@@ -255,7 +259,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
     with OutputDir(out, force=force, fsync=fsync) as odir:
         audit = _Audit(odir)
         try:
-            audit.event(run_event(plan, started))
+            audit.event(run_event(plan, started, digest))
             for record in plan.records:
                 audit.event(record.to_event())
             _prefetch(plan)
@@ -271,10 +275,10 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                     background = pool.submit(_write_streamed, streamed, plan, writer, bar, stop)
                     try:
                         _write_copies(copies, writer, bar, stop)
+                        background.result()
                     except BaseException:
                         stop.set()  # the other thread stops at its next chunk; the pool waits for it
                         raise
-                    background.result()
                 config_sha256 = None
                 if plan.config is not None:
                     config_path = writer.write_json("config.json", plan.config)
@@ -295,6 +299,8 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                          "written": len(written), "bytes_written": bytes_written,
                          "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
                          "warnings": list(plan.warnings)})
+            # every byte is read: a source written to since it was planned fails the run here
+            check_unchanged(plan.files_read())
         except BaseException:
             audit.close(failing=True)
             raise
@@ -362,9 +368,17 @@ class _Audit:
             raise self._odir.write_error(AUDIT_FILE, err) from None
 
 
-def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
-    """The result already in ``out`` when it was made from the same rules and the same
-    source weights and still verifies; otherwise why not, for the refusal without --force."""
+def _inputs_on_disk(plan: Plan) -> list[tuple[str, Path]]:
+    """Everything local the run reads, as (what, resolved path): OUT must stay clear of it."""
+    inputs = [(f"source {name!r}", path) for name, ckpt in plan.checkpoints.items() for path in ckpt.local_paths()]
+    inputs += [(f"the file of vocabulary {name!r}", Path(pin.path)) for name, pin in plan.vocab_files.items()]
+    return inputs + [("the rule file", Path(file).resolve()) for file in plan.rules.files]
+
+
+def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str:
+    """The result already in ``out`` when it was made by this ckptxform from the same plan
+    and the same inputs (``engine.digest``) and still verifies; otherwise why not, for the
+    refusal without --force."""
     from ..verify import read_audit, verify
 
     if not out.is_dir():
@@ -375,7 +389,8 @@ def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
         events = read_audit(out)
         if not events or events[0].get("event") != "run":
             return f"its {AUDIT_FILE} does not start with a run record"
-        changed = _changes(plan, events[0]) or copied_files_changed(plan.files, plan.checkpoints, events)
+        changed = (changes(digest, events[0], plan.rules.path)
+                   or copied_files_changed(plan.files, plan.checkpoints, events))
         if changed:
             return "was made from " + "; ".join(changed)
         verify(out)
@@ -385,31 +400,10 @@ def _previous_run(plan: Plan, out: Path) -> ApplyResult | str:
         return f"does not verify: {problems[0]}{more}"
     written = tuple(WrittenTensor(e["key"], e["file"], tuple(e["shape"]), e["dtype"], e["sha256"], e["from"])
                     for e in events if e.get("event") == "written")
-    logger.info("{} is up to date: made from the same rules and source weights, and it verifies; "
+    logger.info("{} is up to date: made from the same plan and inputs, and it verifies; "
                 "nothing to do (pass --force to rewrite it)", out)
     return ApplyResult(out=out, plan=plan, written=written, audit_path=out / AUDIT_FILE,
                        bytes_written=0, up_to_date=True)
-
-
-def _changes(plan: Plan, run: dict[str, Any]) -> list[str]:
-    """What differs between this run and the ``run`` record of an earlier one."""
-    rules_sha256 = run.get("rules_sha256")
-    if rules_sha256 != plan.rules.sha256:
-        return [(f"other rules (rules sha256 {str(rules_sha256)[:12]}... in its audit, "
-                 f"{plan.rules.sha256[:12]}... for {plan.rules.path})")]
-    before = run.get("sources") if isinstance(run.get("sources"), dict) else {}
-    if set(before) != set(plan.sources):
-        return [(f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
-                 f"{', '.join(map(repr, sorted(plan.sources)))}")]
-    changed = []
-    for name, now in sorted(plan.sources.items()):
-        then = before[name] if isinstance(before[name], dict) else {}
-        if then.get("commit") != now.commit:
-            changed.append(f"source {name!r} at commit {then.get('commit')}, now {now.commit} ({now.location})")
-        elif then.get("fingerprint") != now.fingerprint:
-            changed.append(f"other weights of source {name!r}: the name, size or modification time of a weight "
-                           f"file in {now.location} changed since")
-    return changed
 
 
 def _prefetch(plan: Plan) -> None:

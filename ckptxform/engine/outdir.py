@@ -1,7 +1,13 @@
 """The output directory: written under a temporary sibling of OUT, renamed into place.
 
 The result appears whole or not at all; a lock file keeps two runs off the same OUT, and
-temporary siblings left by killed runs are removed by the next run.
+temporary siblings left by killed runs are removed by the next run. Nothing ckptxform did
+not write is ever removed: OUT may not overlap what the run reads (``refuse_overlap``), and
+``force`` replaces only an earlier output of ckptxform (``audit.not_an_earlier_output``).
+
+What ckptxform keeps beside OUT is exactly ``.NAME.ckptxform-lock``,
+``.NAME.ckptxform-tmp-PID`` and ``.NAME.ckptxform-old-PID.HEX``; other names under the
+``.NAME.ckptxform-`` prefix (a resumable job directory, say) are never treated as stale.
 
 Example::
 
@@ -19,12 +25,17 @@ import os
 import re
 import secrets
 import shutil
+import signal
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
+from ckptxform.engine.audit import not_an_earlier_output
 from ckptxform.errors import OutputError, UsageError
 from ckptxform.log import logger
 
+#: the signals a user or a supervisor stops a run with; held back while OUT is swapped
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _pid_alive(pid: int) -> bool:
@@ -50,6 +61,38 @@ def _fsync_path(path: Path, *, directory: bool = False) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def refuse_overlap(out: Path | str, inputs: Iterable[tuple[str, Path]]) -> None:
+    """Refuse an ``out`` that is, contains or lies inside one of ``inputs`` ((what, resolved
+    path) pairs): writing there could overwrite, and with --force delete, what the run reads.
+    Paths are compared resolved, so a link is where it leads."""
+    real = Path(os.path.abspath(out)).resolve()
+    for what, path in inputs:
+        if real == path:
+            relation = "is"
+        elif real in path.parents:
+            relation = "contains"
+        elif path in real.parents:
+            relation = "lies inside"
+        else:
+            continue
+        raise OutputError(f"refusing to write to {str(out)!r}: it {relation} {what} ({str(path)!r}); "
+                          "choose an --out outside every input", path=str(out))
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back until the block is done (they are delivered after it), so
+    that a stopped run never leaves OUT moved aside and not yet replaced."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def io_error(action: str, path: Path | str, err: OSError) -> OutputError:
@@ -131,27 +174,14 @@ class OutputDir:
         if os.path.lexists(self.out):
             self._check_replaceable()
             aside = self.out.with_name(f".{self.out.name}.ckptxform-old-{os.getpid()}.{secrets.token_hex(4)}")
-            try:
-                os.rename(self.out, aside)
-            except OSError as err:
-                raise io_error("moving aside the existing", self.out, err) from None
-            try:
-                os.rename(self.tmp_path, self.out)
-            except OSError as err:
+            with _stop_signals_held():  # through the removal of the old content: nothing left aside
+                self._swap(aside)
+                self._fsync_parent()
                 try:
-                    os.rename(aside, self.out)  # put the user's output back
-                except OSError:
-                    raise OutputError(f"replacing {str(self.out)!r} failed ({err.strerror}); its "
-                                      f"previous content is in {str(aside)!r}: rename it back",
-                                      path=str(self.out)) from None
-                raise io_error("renaming the new output to", self.out, err) from None
-            self.committed = True
-            self._fsync_parent()
-            try:
-                _remove(aside)
-            except OSError as err:
-                logger.warning("replaced {} but could not delete its old content at {}: {}",
-                               self.out, aside, err)
+                    _remove(aside)
+                except OSError as err:
+                    logger.warning("replaced {} but could not delete its old content at {}: {}",
+                                   self.out, aside, err)
         else:
             try:
                 os.rename(self.tmp_path, self.out)
@@ -160,6 +190,24 @@ class OutputDir:
             self.committed = True
             self._fsync_parent()
         return self.out
+
+    def _swap(self, aside: Path) -> None:
+        """Move the existing OUT to ``aside`` and the new output into its place."""
+        try:
+            os.rename(self.out, aside)
+        except OSError as err:
+            raise io_error("moving aside the existing", self.out, err) from None
+        try:
+            os.rename(self.tmp_path, self.out)
+        except OSError as err:
+            try:
+                os.rename(aside, self.out)  # put the user's output back
+            except OSError:
+                raise OutputError(f"replacing {str(self.out)!r} failed ({err.strerror}); its "
+                                  f"previous content is in {str(aside)!r}: rename it back",
+                                  path=str(self.out)) from None
+            raise io_error("renaming the new output to", self.out, err) from None
+        self.committed = True
 
     def write_error(self, name: str, err: OSError) -> OutputError:
         """The one-line message for a failed write of ``name`` in OUT (e.g. the audit log)."""
@@ -197,6 +245,11 @@ class OutputDir:
         if self.out == cwd or self.out in cwd.parents:
             raise OutputError(f"refusing to replace {str(self.out)!r}: it contains the current "
                               "directory; choose another --out", path=str(self.out))
+        foreign = not_an_earlier_output(self.out)
+        if foreign is not None:
+            raise OutputError(f"refusing to replace {str(self.out)!r}: {foreign}; --force replaces only an "
+                              "earlier output of ckptxform apply: move it away or choose another --out",
+                              path=str(self.out))
 
     def _fsync_parent(self) -> None:
         try:

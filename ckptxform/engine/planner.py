@@ -18,6 +18,7 @@ from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
 from ..rules.model import AddEntry, RuleSet, TensorRule, VocabSpec
 from ..sources.base import Checkpoint, TensorInfo
+from ..sources.pins import FilePin, pin_existing, pin_path
 from ..sources.vocab_files import load_vocab_file
 from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
 from .config_builder import build_config
@@ -48,6 +49,14 @@ class Plan:
     checkpoints: dict[str, Checkpoint] = field(repr=False, default_factory=dict)
     #: the rule's ``files``: what is copied, what is skipped
     files: FilesPlan = field(default_factory=FilesPlan)
+    #: each vocabulary file read (vocab name -> the file as it stood when read)
+    vocab_files: dict[str, FilePin] = field(default_factory=dict)
+
+    def files_read(self) -> tuple[FilePin, ...]:
+        """Every local file the plan read (weight files, indexes, configs, vocab files)."""
+        pins = [pin for ckpt in self.checkpoints.values() for pin in ckpt.pins()]
+        return tuple(sorted({p.path: p for p in [*pins, *self.vocab_files.values()]}.values(),
+                            key=lambda p: p.path))
 
     @property
     def total_bytes(self) -> int:
@@ -107,6 +116,7 @@ class _Planner:
         self.warnings: list[str] = []
         self.vocab: dict[str, VocabMap] = {}
         self.alignments: dict[str, Alignment] = {}
+        self.vocab_files: dict[str, FilePin] = {}
 
     # -- entry ---------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -127,7 +137,8 @@ class _Planner:
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
                     records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
-                    checkpoints=self.ckpts, files=plan_files(self.rules, self.ckpts))
+                    checkpoints=self.ckpts, files=plan_files(self.rules, self.ckpts),
+                    vocab_files=self.vocab_files)
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
@@ -188,8 +199,10 @@ class _Planner:
             where = f"vocab.{name} ({spec.where.short})"
             if spec.file is not None:
                 assert spec.encoding is not None
+                pin = pin_existing(spec.file)  # before reading: a later write must show
                 self.vocab[name] = load_vocab_file(spec.file, name=name, encoding=spec.encoding,
                                                    vocab_size=self._vocab_size(spec, where))
+                self.vocab_files[name] = pin or pin_path(spec.file)
                 continue
             assert spec.source is not None
             if spec.identity_rows_of is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SourceNotFoundError, UsageError
+from .pins import FilePin
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,14 @@ class Checkpoint(ABC):
         if path is None:
             raise SourceNotFoundError(f"{self.location}: cannot read file {name!r}", path=name)
         return path
+
+    def pins(self) -> tuple[FilePin, ...]:
+        """Every local file read so far, as it stood when it was read (local sources)."""
+        return ()
+
+    def local_paths(self) -> tuple[Path, ...]:
+        """Where this source lies on the local disk (resolved): an output must not overlap it."""
+        return ()
 
     def prefetch(self, files: Iterable[str]) -> None:
         """Make ``files`` available for reading (Hub sources download them)."""

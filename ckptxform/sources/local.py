@@ -36,6 +36,7 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
+from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import (
     MAX_HEADER_BYTES,
     check_index_matches_shards,
@@ -89,6 +90,7 @@ class LocalCheckpoint(Checkpoint):
         files: tuple[str, ...],
         metadata: Mapping[str, Mapping[str, str]],
         bin_tensors: Mapping[str, Mapping[str, Any]],
+        pins: Mapping[str, FilePin],
     ) -> None:
         self.location = location
         self.name = name
@@ -100,6 +102,8 @@ class LocalCheckpoint(Checkpoint):
         self.metadata = metadata
         self._descriptors: dict[str, int] = {}
         self._bin_tensors = bin_tensors
+        #: every file read so far (weight files, index, config.json), keyed by relative name
+        self._pins = dict(pins)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -109,6 +113,7 @@ class LocalCheckpoint(Checkpoint):
             return None
         _check_inside(path, self.root)
         try:
+            self._pins[CONFIG] = pin_path(path)  # before reading: a later write must show
             return _load_config(path)
         except CkptxformError:
             raise  # already one clear line (a FIFO, a duplicate key...)
@@ -179,6 +184,12 @@ class LocalCheckpoint(Checkpoint):
             return None
         return (self.root / file).resolve()
 
+    def pins(self) -> tuple[FilePin, ...]:
+        return tuple(self._pins[name] for name in sorted(self._pins))
+
+    def local_paths(self) -> tuple[Path, ...]:
+        return (Path(self.location).resolve(), *(Path(pin.path) for pin in self.pins()))
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -190,7 +201,12 @@ class LocalCheckpoint(Checkpoint):
     def _descriptor(self, file: str) -> int:
         with self._lock:
             if file not in self._descriptors:
-                self._descriptors[file] = os.open(self.root / file, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(self.root / file, os.O_RDONLY | os.O_CLOEXEC)
+                moved = self._pins[file].difference(pin_fd(self.root / file, fd))
+                if moved is not None:  # replaced or rewritten since its header was read
+                    os.close(fd)
+                    raise changed_error(self._pins[file].path, moved)
+                self._descriptors[file] = fd
             return self._descriptors[file]
 
 
@@ -204,6 +220,7 @@ class _Layout:
     #: the shard index and its weight map, for sharded checkpoints
     index: Path | None = None
     weight_map: Mapping[str, str] | None = None
+    index_pin: FilePin | None = None
     #: the files were found by looking into ``root``: refuse links that leave it
     confined: bool = True
 
@@ -227,10 +244,14 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
                 f"{shard}: is not a regular file; give a checkpoint file or directory",
                 path=str(shard),
             )
+    pins: dict[str, FilePin] = {}
+    if layout.index is not None and layout.index_pin is not None:
+        pins[layout.index.name] = layout.index_pin
     if layout.kind == "safetensors":
-        per_file, metadata = _read_safetensors_headers(layout)
+        per_file, metadata = _read_safetensors_headers(layout, pins)
         bin_tensors: dict[str, dict[str, Any]] = {}
     else:
+        pins.update((f, pin_path(layout.root / f)) for f in layout.files)  # before loading
         bin_tensors = {f: load_torch_file(layout.root / f) for f in layout.files}
         per_file = {f: bin_infos(f, ts) for f, ts in bin_tensors.items()}
         metadata = {}
@@ -249,6 +270,7 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
         files=layout.files,
         metadata=metadata,
         bin_tensors=bin_tensors,
+        pins=pins,
     )
 
 
@@ -309,10 +331,11 @@ def _directory_layout(directory: Path) -> _Layout:
 def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> _Layout:
     root = index.parent
     _check_inside(index, root)
+    pin = pin_path(index)  # before reading: a later write must show
     blob = read_small_file(index, MAX_HEADER_BYTES, what="a shard index")
     weight_map = parse_index_json(blob, label=str(index), shard_suffix=f".{kind}")
     files = tuple(sorted(set(weight_map.values())))
-    return _Layout(root, kind, files, index=index, weight_map=weight_map)
+    return _Layout(root, kind, files, index=index, weight_map=weight_map, index_pin=pin)
 
 
 def _unreadable(exc: OSError, path: str | Path, *, source: str | None) -> SourceNotFoundError:
@@ -342,7 +365,7 @@ def _check_inside(path: Path, root: Path) -> None:
 
 
 def _read_safetensors_headers(
-    layout: _Layout,
+    layout: _Layout, pins: dict[str, FilePin],
 ) -> tuple[dict[str, list[TensorInfo]], dict[str, dict[str, str]]]:
     # Descriptors are closed after the header: a plan may read a single shard of a
     # 60-shard verifier, and ``read`` opens only the files it needs.
@@ -351,10 +374,11 @@ def _read_safetensors_headers(
     for file in layout.files:
         fd = os.open(layout.root / file, os.O_RDONLY | os.O_CLOEXEC)
         try:
+            pins[file] = pin_fd(layout.root / file, fd)
             per_file[file], metadata[file] = read_header(
                 functools.partial(_pread, fd),
                 file=file,
-                file_size=os.fstat(fd).st_size,
+                file_size=pins[file].size,
                 label=str(layout.root / file),
             )
         finally:

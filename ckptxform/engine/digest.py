@@ -1,0 +1,110 @@
+"""The digest of everything that shapes an output, so that a rerun knows it has nothing to do.
+
+An output is this run's conversion when the same ckptxform decided the same plan from the
+same inputs. The digest covers, each as the audit's run record keeps it:
+
+- ``plan_sha256``: the decided plan (every output's recipe, dtype and shape, the account of
+  every source tensor, the output config, the shard layout and the rule set's name),
+  without the positions in the rule file: a comment or a blank line moves every rule's
+  line number but decides nothing, while anything a rule asks for changes the plan;
+- ``files_read``: every local file the plan read (weight files, shard indexes, configs,
+  vocab files), pinned by ``ckptxform.sources.pins``;
+- the commit of every Hub source (``sources`` in the run record) and ckptxform's version.
+
+``digest`` is one sha256 over all of them; ``changes`` says in words which part moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .. import __version__
+from ..rules.yaml_source import Where
+from .planner import Plan
+
+#: fields that say where in the rule file something was written, not what it asks
+_POSITIONS = frozenset({"rule", "where"})
+
+
+@dataclass(frozen=True)
+class RunDigest:
+    sha256: str
+    plan_sha256: str
+    #: resolved path -> pin stamp
+    files_read: dict[str, str]
+    #: source name -> commit (None for local sources)
+    commits: dict[str, str | None]
+    version: str
+
+    def record_fields(self) -> dict[str, Any]:
+        """What the audit's run record adds for this digest."""
+        return {"digest": self.sha256, "plan_sha256": self.plan_sha256, "files_read": self.files_read}
+
+
+def run_digest(plan: Plan) -> RunDigest:
+    """The digest of ``plan`` and of everything it read.
+
+    >>> run_digest(plan).sha256          # doctest: +SKIP
+    '3f1c...'
+    """
+    decided = {"name": plan.rules.name, "output": plan.rules.output, "outputs": plan.outputs,
+               "records": plan.records, "config": plan.config}
+    plan_sha256 = _sha256(_canonical(decided))
+    files_read = {pin.path: pin.stamp for pin in plan.files_read()}
+    commits = {name: record.commit for name, record in sorted(plan.sources.items())}
+    whole = {"version": __version__, "plan": plan_sha256, "files_read": files_read, "commits": commits}
+    return RunDigest(_sha256(whole), plan_sha256, files_read, commits, __version__)
+
+
+def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
+    """What differs between ``now`` and the ``run`` record of an earlier output, each part
+    worded to follow "was made from"; empty when its digest is ``now``'s."""
+    if run.get("digest") == now.sha256:
+        return []
+    if not isinstance(run.get("digest"), str) or not isinstance(run.get("files_read"), dict):
+        return [f"inputs its audit does not pin (written by ckptxform {run.get('version')}, which "
+                "recorded no digest of them)"]
+    found = []
+    if run.get("version") != now.version:
+        found.append(f"ckptxform {run.get('version')} (this is {now.version})")
+    before = run.get("sources") if isinstance(run.get("sources"), dict) else {}
+    if set(before) != set(now.commits):
+        found.append(f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
+                     f"{', '.join(map(repr, sorted(now.commits)))}")
+    for name, commit in now.commits.items():
+        then = before.get(name) if isinstance(before.get(name), dict) else {}
+        if name in before and then.get("commit") != commit:
+            found.append(f"source {name!r} at commit {then.get('commit')}, now {commit}")
+    then_files: dict[str, Any] = run["files_read"]
+    for path in sorted(set(then_files) | set(now.files_read)):
+        if path not in now.files_read:
+            found.append(f"{path!r}, which this run does not read")
+        elif path not in then_files:
+            found.append(f"inputs without {path!r}, which this run reads")
+        elif then_files[path] != now.files_read[path]:
+            found.append(f"an earlier {path!r} (written to or replaced since)")
+    if run.get("plan_sha256") != now.plan_sha256:
+        found.append(f"a different plan than {rules_path} now decides")
+    return found or [f"inputs of another digest ({str(run['digest'])[:12]}..., now {now.sha256[:12]}...)"]
+
+
+def _sha256(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` as plain JSON data: dataclasses by field (positions left out), tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__,
+                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
+                   if f.name not in _POSITIONS and not isinstance(getattr(value, f.name), Where)}}
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
