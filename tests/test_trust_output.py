@@ -257,6 +257,34 @@ def test_a_comment_added_to_the_rule_file_leaves_the_output_up_to_date(
     assert snapshot(out) == before and out.stat().st_mtime_ns == dir_mtime and beside(out) == []
 
 
+def edit_run_record(out: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    lines = (out / AUDIT).read_text().splitlines(keepends=True)
+    run = json.loads(lines[0])
+    edit(run)
+    (out / AUDIT).write_text(json.dumps(run) + "\n" + "".join(lines[1:]))
+
+
+@pytest.mark.parametrize("edit, reason", [
+    # another version records another digest of the same plan and files
+    (lambda run: run.update(version="0.0.9", digest="0" * 64), "ckptxform 0.0.9 (this is {version})"),
+    (lambda run: [run.pop(k) for k in ("digest", "plan_sha256", "files_read")],
+     "inputs its audit does not pin (written by ckptxform {version}, which recorded no digest of them)"),
+], ids=["another ckptxform version", "an audit without a digest"])
+def test_an_output_of_another_ckptxform_is_not_up_to_date(
+        edit: Callable[[dict[str, Any]], None], reason: str, headline: HeadlineStandins, headline_rule: Path,
+        tmp_path: Path) -> None:
+    import ckptxform
+
+    out = tmp_path / "out"
+    api.apply(headline_rule, out=out, sources=headline.sources, progress=False)
+    edit_run_record(out, edit)
+    with pytest.raises(OutputError) as err:
+        api.apply(headline_rule, out=out, sources=headline.sources, progress=False)
+    assert str(err.value) == (f"{str(out)!r} already exists and was made from "
+                              f"{reason.format(version=ckptxform.__version__)}; pass --force to replace it")
+    assert beside(out) == []
+
+
 def test_the_run_record_carries_the_digest_of_the_plan_and_every_file_read(
         headline: HeadlineStandins, headline_out: Path) -> None:
     run = read_audit(headline_out)[0]
@@ -420,6 +448,38 @@ def test_sigterm_during_a_forced_replacement_keeps_the_earlier_output(
     assert (proc.returncode, proc.stderr.splitlines()[-1]) == (143, "terminated (SIGTERM)"), proc.stderr
     assert output_files(out) == before and beside(out) == []
     verify(out)
+
+
+@pytest.mark.parametrize("signum, raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)])
+def test_a_stop_signal_while_an_earlier_output_is_swapped_waits_for_the_swap(
+        signum: int, raised: type[BaseException], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signal lands between moving the earlier OUT aside and renaming the new one in:
+    it takes effect once the new OUT is in place and the old content is gone."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_text("old")
+    (out / AUDIT).write_text('{"event": "run"}\n{"event": "summary", "status": "ok", "files": ["model.safetensors"]}\n')
+    rename = os.rename
+
+    def signalled_rename(src: Any, dst: Any) -> None:
+        rename(src, dst)
+        if Path(src) == out:
+            os.kill(os.getpid(), signum)  # OUT is aside: the worst moment to stop
+
+    def stop(number: int, _frame: Any) -> None:
+        raise raised(number)
+
+    previous = signal.signal(signum, stop)
+    try:
+        monkeypatch.setattr(os, "rename", signalled_rename)
+        with pytest.raises(raised):
+            with OutputDir(out, force=True) as odir:
+                (odir.tmp_path / "model.safetensors").write_text("new")
+                odir.commit()
+    finally:
+        signal.signal(signum, previous)
+    assert (out / "model.safetensors").read_text() == "new"
+    assert beside(out) == []
 
 
 def test_other_names_beside_out_are_not_taken_for_stale_temporaries(tmp_path: Path) -> None:

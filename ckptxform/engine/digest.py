@@ -71,13 +71,14 @@ def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
     found = []
     if run.get("version") != now.version:
         found.append(f"ckptxform {run.get('version')} (this is {now.version})")
-    before = run.get("sources") if isinstance(run.get("sources"), dict) else {}
+    sources = run.get("sources")
+    before: dict[str, Any] = sources if isinstance(sources, dict) else {}
     if set(before) != set(now.commits):
         found.append(f"sources {', '.join(map(repr, sorted(before))) or '(none)'}, not "
                      f"{', '.join(map(repr, sorted(now.commits)))}")
     for name, commit in now.commits.items():
-        then = before.get(name) if isinstance(before.get(name), dict) else {}
-        if name in before and then.get("commit") != commit:
+        then = before.get(name)
+        if isinstance(then, dict) and then.get("commit") != commit:
             found.append(f"source {name!r} at commit {then.get('commit')}, now {commit}")
     then_files: dict[str, Any] = run["files_read"]
     for path in sorted(set(then_files) | set(now.files_read)):

@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 import signal
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -83,16 +84,28 @@ def refuse_overlap(out: Path | str, inputs: Iterable[tuple[str, Path]]) -> None:
 
 @contextlib.contextmanager
 def _stop_signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM back until the block is done (they are delivered after it), so
-    that a stopped run never leaves OUT moved aside and not yet replaced."""
-    if not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM back until the block is done and act on them after it, so that
+    a stopped run never leaves OUT moved aside and not yet replaced, nor half a temporary
+    output. Python runs signal handlers in the main thread only, so that is where they are
+    swapped (elsewhere the block runs unguarded)."""
+    previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+    if threading.current_thread() is not threading.main_thread() or None in previous.values():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    caught: list[signal.Signals] = []
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, lambda number, _frame: caught.append(signal.Signals(number)))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if caught:
+            handler = previous[caught[0]]
+            if callable(handler):
+                handler(caught[0], None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(caught[0])
 
 
 def io_error(action: str, path: Path | str, err: OSError) -> OutputError:
@@ -138,27 +151,28 @@ class OutputDir:
             self.out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise io_error("creating", self.out.parent, err) from None
-        self._lock()
         try:
+            self._lock()
             if os.path.lexists(self.out):
                 self._check_replaceable()
             self.stale_removed = tuple(self._remove_stale())
             self.tmp_path.mkdir()
-        except BaseException:
-            self._unlock()
+        except BaseException:  # a stop signal may land after the mkdir: remove tmp_path too
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            if not self.committed and os.path.lexists(self.tmp_path):
-                try:
-                    shutil.rmtree(self.tmp_path)
-                except OSError as err:
-                    logger.warning("could not remove the temporary output {}: {}", self.tmp_path, err)
-        finally:
-            self._unlock()
+        with _stop_signals_held():  # a second Ctrl-C must not leave half of tmp_path behind
+            try:
+                if not self.committed and os.path.lexists(self.tmp_path):
+                    try:
+                        shutil.rmtree(self.tmp_path)
+                    except OSError as err:
+                        logger.warning("could not remove the temporary output {}: {}", self.tmp_path, err)
+            finally:
+                self._unlock()
 
     def commit(self) -> Path:
         """Flush every file to disk and rename the temporary directory to OUT."""
@@ -220,13 +234,13 @@ class OutputDir:
         directory): nothing is written there, so nothing is left behind either."""
         prefix = f".{self.out.name}.ckptxform-"
         try:
-            if not any(entry.name.startswith(prefix) for entry in self.out.parent.iterdir()):
+            try:
+                if not any(entry.name.startswith(prefix) for entry in self.out.parent.iterdir()):
+                    return ()
+                self._lock()
+            except (OSError, OutputError) as err:
+                logger.debug("not tidying beside {}: {}", self.out, err)
                 return ()
-            self._lock()
-        except (OSError, OutputError) as err:
-            logger.debug("not tidying beside {}: {}", self.out, err)
-            return ()
-        try:
             return tuple(self._remove_stale())
         except OutputError as err:  # OUT is fine; what is left beside it does not fail the run
             logger.warning("{}", err)
@@ -287,6 +301,11 @@ class OutputDir:
         return removed
 
     def _lock(self) -> None:
+        # A stop signal waits until the lock is taken and recorded, so _unlock removes it.
+        with _stop_signals_held():
+            self._take_lock()
+
+    def _take_lock(self) -> None:
         # Loop because the holder unlinks the lock file on exit: the file we locked must
         # still be the one at lock_path, or a third run could lock a fresh file alongside us.
         while True:
