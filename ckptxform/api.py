@@ -62,7 +62,9 @@ def apply(
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
     Every assertion is checked before any weight byte is read; the output directory
-    appears whole or not at all; an existing ``out`` is replaced only with ``force``.
+    appears whole or not at all; an existing ``out`` is replaced only with ``force``, and
+    only when it is an earlier output of ckptxform; an ``out`` overlapping a source, a
+    vocab file or the rule file is refused.
     ``fsync=False`` skips flushing to disk before the final rename: a killed process still
     leaves OUT whole or absent, a power loss may not. ``progress``: a progress bar on
     stderr (None: when stderr is a terminal, as the CLI does); a library call is silent

@@ -13,6 +13,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -101,7 +102,8 @@ def _reports_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            signal.signal(signal.SIGTERM, _terminate)
+            if threading.current_thread() is threading.main_thread():  # where Python runs handlers
+                signal.signal(signal.SIGTERM, _terminate)
             with guarded_stdout():
                 return func(*args, **kwargs)
         except CkptxformError as err:

@@ -131,7 +131,7 @@ def _other_rules(out: Path, sources: dict[str, str], tmp: Path) -> Path:
 
 
 def _other_rules_reason(out: Path, sources: dict[str, str], tmp: Path) -> str:
-    return f"was made from a different plan than {tmp / 'variant.yaml'} now decides"
+    return f"was made from a different plan than {str(tmp / 'variant.yaml')!r} now decides"
 
 
 def _touch_drafter(out: Path, sources: dict[str, str], tmp: Path) -> Path:

@@ -189,7 +189,7 @@ def test_a_changed_vocab_file_makes_the_output_stale(
 
     write_vocab_file(vocab, Path(headline.drafter.path))  # another vocabulary, same path
     refused_as(run_cli, rules, headline.sources, out, f"an earlier {real(vocab)} (written to or replaced since)",
-               f"a different plan than {rules} now decides")
+               f"a different plan than {str(rules)!r} now decides")
     forced_then_up_to_date(run_cli, rules, headline.sources, out)
     assert not load_file(out / "model.safetensors")["d2t"].equal(d2t_before)
 
@@ -205,7 +205,7 @@ def test_a_changed_source_config_makes_the_output_stale(
     config.write_text(json.dumps(values))
 
     refused_as(run_cli, headline_rule, sources, out, f"an earlier {real(config)} (written to or replaced since)",
-               f"a different plan than {headline_rule} now decides")
+               f"a different plan than {str(headline_rule)!r} now decides")
     forced_then_up_to_date(run_cli, headline_rule, sources, out)
     written = json.loads((out / "config.json").read_text())
     assert written["transformer_layer_config"]["rms_norm_eps"] == values["rms_norm_eps"]
@@ -235,7 +235,7 @@ def test_rules_through_a_pipe_are_hashed_as_read_and_decide_up_to_date(
     before = snapshot(out)
     other = apply_piped(text.replace("max_shard_size: 5GB", "max_shard_size: 200KB"), headline.sources, out)
     assert one_error(other) == (f"error: {str(out)!r} already exists and was made from a different plan than "
-                                "/dev/stdin now decides; pass --force to replace it")
+                                "'/dev/stdin' now decides; pass --force to replace it")
     assert snapshot(out) == before and beside(out) == []
 
 
@@ -266,9 +266,9 @@ def edit_run_record(out: Path, edit: Callable[[dict[str, Any]], None]) -> None:
 
 @pytest.mark.parametrize("edit, reason", [
     # another version records another digest of the same plan and files
-    (lambda run: run.update(version="0.0.9", digest="0" * 64), "ckptxform 0.0.9 (this is {version})"),
+    (lambda run: run.update(version="0.0.9", digest="0" * 64), "ckptxform '0.0.9' (this is {version})"),
     (lambda run: [run.pop(k) for k in ("digest", "plan_sha256", "files_read")],
-     "inputs its audit does not pin (written by ckptxform {version}, which recorded no digest of them)"),
+     "inputs its audit does not pin (written by ckptxform '{version}', which recorded no digest of them)"),
 ], ids=["another ckptxform version", "an audit without a digest"])
 def test_an_output_of_another_ckptxform_is_not_up_to_date(
         edit: Callable[[dict[str, Any]], None], reason: str, headline: HeadlineStandins, headline_rule: Path,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
+from ..errors import quote
 from ..rules.yaml_source import Where
 from .planner import Plan
 
@@ -66,11 +67,11 @@ def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
     if run.get("digest") == now.sha256:
         return []
     if not isinstance(run.get("digest"), str) or not isinstance(run.get("files_read"), dict):
-        return [f"inputs its audit does not pin (written by ckptxform {run.get('version')}, which "
+        return [f"inputs its audit does not pin (written by ckptxform {quote(run.get('version'))}, which "
                 "recorded no digest of them)"]
     found = []
     if run.get("version") != now.version:
-        found.append(f"ckptxform {run.get('version')} (this is {now.version})")
+        found.append(f"ckptxform {quote(run.get('version'))} (this is {now.version})")
     sources = run.get("sources")
     before: dict[str, Any] = sources if isinstance(sources, dict) else {}
     if set(before) != set(now.commits):
@@ -79,18 +80,18 @@ def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
     for name, commit in now.commits.items():
         then = before.get(name)
         if isinstance(then, dict) and then.get("commit") != commit:
-            found.append(f"source {name!r} at commit {then.get('commit')}, now {commit}")
+            found.append(f"source {quote(name)} at commit {quote(then.get('commit'))}, now {commit}")
     then_files: dict[str, Any] = run["files_read"]
     for path in sorted(set(then_files) | set(now.files_read)):
         if path not in now.files_read:
-            found.append(f"{path!r}, which this run does not read")
+            found.append(f"{quote(path)}, which this run does not read")
         elif path not in then_files:
-            found.append(f"inputs without {path!r}, which this run reads")
+            found.append(f"inputs without {quote(path)}, which this run reads")
         elif then_files[path] != now.files_read[path]:
-            found.append(f"an earlier {path!r} (written to or replaced since)")
+            found.append(f"an earlier {quote(path)} (written to or replaced since)")
     if run.get("plan_sha256") != now.plan_sha256:
-        found.append(f"a different plan than {rules_path} now decides")
-    return found or [f"inputs of another digest ({str(run['digest'])[:12]}..., now {now.sha256[:12]}...)"]
+        found.append(f"a different plan than {quote(rules_path)} now decides")
+    return found or [f"inputs of another digest ({quote(run['digest'][:12])}..., now {now.sha256[:12]}...)"]
 
 
 def _sha256(obj: Any) -> str:
