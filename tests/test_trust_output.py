@@ -27,6 +27,7 @@ from conftest import read_audit, source_args
 from safetensors.torch import load_file, save_file
 from test_crash import CRASH_DIMS, output_files, wait_for_tmp
 from test_reliability import apply_args, beside, copy_drafter, flip_byte, one_error, snapshot, tree_digest
+from test_writer import mark_as_earlier_output
 
 from ckptxform import api
 from ckptxform.engine.outdir import OutputDir
@@ -36,7 +37,7 @@ from ckptxform.standins import HeadlineStandins, build_headline_standins
 from ckptxform.verify import verify
 
 AUDIT = "ckptxform_audit.jsonl"
-REFUSE_FIX = "--force replaces only an earlier output of ckptxform apply: move it away or choose another --out"
+REFUSE_FIX = "ckptxform replaces only its own earlier outputs (with --force): move it away or choose another --out"
 
 
 def source_dirs(sources: dict[str, str]) -> list[Path]:
@@ -100,11 +101,12 @@ def test_force_refuses_a_directory_ckptxform_did_not_write(
     out = tmp_path / "notes"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    forced = run_cli(*apply_args(headline_rule, headline.sources, out, "--force"))
-    assert one_error(forced) == (f"error: refusing to replace {str(out)!r}: it has no {AUDIT}, so ckptxform "
-                                 f"did not write it; {REFUSE_FIX}")
-    assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
-    assert beside(out) == []
+    for force in ([], ["--force"]):  # the same refusal: no hint that --force would help
+        refused = run_cli(*apply_args(headline_rule, headline.sources, out, *force))
+        assert one_error(refused) == (f"error: {str(out)!r} already exists and has no {AUDIT}, so ckptxform "
+                                      f"did not write it; {REFUSE_FIX}")
+        assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+        assert beside(out) == []
 
 
 def test_force_refuses_an_earlier_output_holding_a_file_ckptxform_did_not_write(
@@ -115,16 +117,16 @@ def test_force_refuses_an_earlier_output_holding_a_file_ckptxform_did_not_write(
     (out / "eval").mkdir()
     before = snapshot(out)
     forced = run_cli(*apply_args(headline_rule, headline.sources, out, "--force"))
-    assert one_error(forced) == (f"error: refusing to replace {str(out)!r}: it holds 'eval', 'notes.txt', "
+    assert one_error(forced) == (f"error: {str(out)!r} already exists and holds 'eval', 'notes.txt', "
                                  f"which ckptxform did not write there; {REFUSE_FIX}")
     assert snapshot(out) == before and (out / "eval").is_dir() and beside(out) == []
 
 
 @pytest.mark.parametrize("audit, reason", [
-    ('{"event": "tensor"}\n', f"its {AUDIT} does not start with the run record of ckptxform apply"),
+    ('{"event": "tensor"}\n', f"has a {AUDIT} that does not start with the run record of ckptxform apply"),
     ('{"event": "run"}\n{"event": "summary", "status": "failed"}\n',
-     f"its {AUDIT} does not end with the summary of a completed run"),
-    ("\x00\x01", f"its {AUDIT} does not start with the run record of ckptxform apply"),
+     f"has a {AUDIT} that does not end with the summary of a completed run"),
+    ("\x00\x01", f"has a {AUDIT} that does not start with the run record of ckptxform apply"),
 ])
 def test_force_refuses_a_directory_whose_audit_is_not_a_completed_run(
         audit: str, reason: str, headline: HeadlineStandins, headline_rule: Path, tmp_path: Path) -> None:
@@ -133,7 +135,7 @@ def test_force_refuses_a_directory_whose_audit_is_not_a_completed_run(
     (out / AUDIT).write_text(audit)
     with pytest.raises(OutputError) as err:
         api.apply(headline_rule, out=out, sources=headline.sources, force=True, progress=False)
-    assert str(err.value) == f"refusing to replace {str(out)!r}: {reason}; {REFUSE_FIX}"
+    assert str(err.value) == f"{str(out)!r} already exists and {reason}; {REFUSE_FIX}"
     assert (out / AUDIT).read_text() == audit and beside(out) == []
 
 
@@ -142,7 +144,7 @@ def test_force_refuses_a_file(headline: HeadlineStandins, headline_rule: Path, t
     out.write_text("a file")
     with pytest.raises(OutputError) as err:
         api.apply(headline_rule, out=out, sources=headline.sources, force=True, progress=False)
-    assert str(err.value) == f"refusing to replace {str(out)!r}: it is not a directory; {REFUSE_FIX}"
+    assert str(err.value) == f"{str(out)!r} already exists and is not a directory; {REFUSE_FIX}"
     assert out.read_text() == "a file" and beside(out) == []
 
 
@@ -458,7 +460,7 @@ def test_a_stop_signal_while_an_earlier_output_is_swapped_waits_for_the_swap(
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.safetensors").write_text("old")
-    (out / AUDIT).write_text('{"event": "run"}\n{"event": "summary", "status": "ok", "files": ["model.safetensors"]}\n')
+    mark_as_earlier_output(out, ["model.safetensors"])
     rename = os.rename
 
     def signalled_rename(src: Any, dst: Any) -> None:

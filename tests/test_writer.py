@@ -66,6 +66,13 @@ def write_all(out: Path, tensors: dict[str, torch.Tensor], *, max_shard_size: in
     return layout, digests
 
 
+def mark_as_earlier_output(out: Path, files: list[str]) -> None:
+    """Give ``out`` the audit log of a completed run writing ``files``: what makes it an
+    earlier output of ckptxform, the only kind --force replaces."""
+    (out / "ckptxform_audit.jsonl").write_text(json.dumps({"event": "run"}) + "\n" + json.dumps(
+        {"event": "summary", "status": "ok", "files": files}) + "\n")
+
+
 def siblings(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name != out.name)
 
@@ -395,7 +402,9 @@ def test_existing_output_is_refused_without_force_and_left_untouched(tmp_path: P
     (out / "precious.txt").write_text("keep me")
     with pytest.raises(OutputError) as err:
         OutputDir(out).__enter__()
-    assert str(err.value) == f"'{out}' already exists; pass --force to replace it"
+    assert str(err.value) == (f"'{out}' already exists and has no ckptxform_audit.jsonl, so ckptxform did not "
+                              "write it; ckptxform replaces only its own earlier outputs (with --force): move it "
+                              "away or choose another --out")
     assert (out / "precious.txt").read_text() == "keep me"
     assert siblings(out) == []
 
@@ -405,9 +414,7 @@ def test_force_replaces_the_old_output_whole(tmp_path: Path) -> None:
     write_all(out, {"old.a": torch.ones(3), "old.b": torch.ones(3)}, max_shard_size=12)
     shards = sorted(p.name for p in out.glob("model-0000?-of-00002.safetensors"))
     assert len(shards) == 2
-    # what makes it an earlier output of ckptxform, the only kind --force replaces
-    (out / "ckptxform_audit.jsonl").write_text(json.dumps({"event": "run"}) + "\n" + json.dumps(
-        {"event": "summary", "status": "ok", "files": shards}) + "\n")
+    mark_as_earlier_output(out, shards)
     tensors = sample_tensors()
     write_all(out, tensors, force=True)
     assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]
@@ -419,16 +426,17 @@ def test_force_replaces_the_old_output_whole(tmp_path: Path) -> None:
 def test_force_refuses_to_replace_a_directory_holding_the_working_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "project"
-    (out / "sub").mkdir(parents=True)
-    monkeypatch.chdir(out / "sub")
+    write_all(out, {"a": torch.ones(3)})
+    mark_as_earlier_output(out, ["model.safetensors"])
+    monkeypatch.chdir(out)  # an earlier output the user works in (a subdirectory would make it foreign)
     with pytest.raises(OutputError, match="it contains the current directory; choose another --out"):
         OutputDir(out, force=True).__enter__()
-    assert (out / "sub").is_dir()
+    assert sorted(p.name for p in out.iterdir()) == ["ckptxform_audit.jsonl", "model.safetensors"]
 
 
 def test_output_created_by_someone_else_meanwhile_is_not_overwritten(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    with pytest.raises(OutputError, match="already exists; pass --force to replace it"):
+    with pytest.raises(OutputError, match="already exists and has no ckptxform_audit.jsonl"):
         with OutputDir(out) as od:
             (od.tmp_path / "new").write_text("new")
             out.mkdir()

@@ -43,28 +43,29 @@ def not_an_earlier_output(out: Path) -> str | None:
     """Why ``out`` is not purely an earlier output of ``ckptxform apply``, or None when it is:
     a directory whose audit log starts with a run record and ends with the ok summary of a
     completed run, holding nothing but the files that summary lists, their shard index,
-    config.json and the audit. Only such a directory may be replaced (``--force``)."""
+    config.json and the audit. Only such a directory may be replaced (``--force``). The
+    reason follows "OUT already exists and"."""
     if not out.is_dir():
-        return "it is not a directory"
+        return "is not a directory"
     path = out / AUDIT_FILE
     try:
         lines = path.read_bytes().splitlines()
     except FileNotFoundError:
-        return f"it has no {AUDIT_FILE}, so ckptxform did not write it"
+        return f"has no {AUDIT_FILE}, so ckptxform did not write it"
     except OSError as err:
-        return f"its {AUDIT_FILE} cannot be read ({err.strerror or err})"
+        return f"has a {AUDIT_FILE} that cannot be read ({err.strerror or err})"
     first, last = (_event(lines[0]), _event(lines[-1])) if lines else (None, None)
     if first is None or first.get("event") != "run":
-        return f"its {AUDIT_FILE} does not start with the run record of ckptxform apply"
+        return f"has a {AUDIT_FILE} that does not start with the run record of ckptxform apply"
     files = last.get("files") if last is not None and last.get("event") == "summary" else None
     if last is None or last.get("status") != "ok" or not isinstance(files, list):
-        return f"its {AUDIT_FILE} does not end with the summary of a completed run"
+        return f"has a {AUDIT_FILE} that does not end with the summary of a completed run"
     written = {AUDIT_FILE, CONFIG_FILE, *map(str, files)}
     written |= {f"{m.group(1)}.safetensors.index.json" for f in written if (m := _SHARD.fullmatch(f))}
     foreign = [entry.name for entry in out.iterdir() if entry.name not in written or not entry.is_file()
                or entry.is_symlink()]
     if foreign:
-        return f"it holds {quote_keys(foreign, 3)}, which ckptxform did not write there"
+        return f"holds {quote_keys(foreign, 3)}, which ckptxform did not write there"
     return None
 
 

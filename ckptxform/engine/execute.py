@@ -25,7 +25,7 @@ from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .files import CopiedFile, copied_files_changed, copy_files
 from .digest import RunDigest, changes, run_digest
 from .layout import OutputTensorSpec, plan_layout
-from .outdir import OutputDir, refuse_overlap
+from .outdir import OutputDir, refuse_foreign, refuse_overlap
 from .planner import Plan
 from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
 from .writer import ShardWriter
@@ -248,6 +248,8 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
         progress = sys.stderr.isatty()
     refuse_overlap(out, _inputs_on_disk(plan))
     digest = run_digest(plan)
+    if os.path.lexists(out):
+        refuse_foreign(Path(os.path.abspath(out)))
     if not force and os.path.lexists(out):
         previous = _previous_run(plan, digest, Path(out))
         if isinstance(previous, str):
@@ -381,10 +383,6 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
     refusal without --force."""
     from ..verify import read_audit, verify
 
-    if not out.is_dir():
-        return "is not a directory"
-    if not (out / AUDIT_FILE).exists():
-        return f"was not written by ckptxform apply (it has no {AUDIT_FILE})"
     try:
         events = read_audit(out)
         if not events or events[0].get("event") != "run":

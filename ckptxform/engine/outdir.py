@@ -82,6 +82,15 @@ def refuse_overlap(out: Path | str, inputs: Iterable[tuple[str, Path]]) -> None:
                           "choose an --out outside every input", path=str(out))
 
 
+def refuse_foreign(out: Path) -> None:
+    """Refuse an existing ``out`` that is not purely an earlier output of ckptxform, with or
+    without --force: replacing it would delete what ckptxform did not write."""
+    foreign = not_an_earlier_output(out)
+    if foreign is not None:
+        raise OutputError(f"{str(out)!r} already exists and {foreign}; ckptxform replaces only its own "
+                          "earlier outputs (with --force): move it away or choose another --out", path=str(out))
+
+
 @contextlib.contextmanager
 def _stop_signals_held() -> Iterator[None]:
     """Hold SIGINT/SIGTERM back until the block is done and act on them after it, so that
@@ -249,6 +258,7 @@ class OutputDir:
             self._unlock()
 
     def _check_replaceable(self) -> None:
+        refuse_foreign(self.out)
         if not self.force:
             raise OutputError(f"{str(self.out)!r} already exists; pass --force to replace it",
                               path=str(self.out))
@@ -259,11 +269,6 @@ class OutputDir:
         if self.out == cwd or self.out in cwd.parents:
             raise OutputError(f"refusing to replace {str(self.out)!r}: it contains the current "
                               "directory; choose another --out", path=str(self.out))
-        foreign = not_an_earlier_output(self.out)
-        if foreign is not None:
-            raise OutputError(f"refusing to replace {str(self.out)!r}: {foreign}; --force replaces only an "
-                              "earlier output of ckptxform apply: move it away or choose another --out",
-                              path=str(self.out))
 
     def _fsync_parent(self) -> None:
         try:
