@@ -100,8 +100,9 @@ class Checkpoint(ABC):
         return [info for info in self.tensors.values() if info.file == file]
 
     def fingerprint(self) -> str | None:
-        """What identifies these exact weights for a rerun: the commit of a Hub source;
-        for local files, a digest of each weight file's name, size and mtime."""
+        """The audit's ``fingerprint`` of a source: the commit of a Hub source; for local
+        files, a digest of each weight file's name, size and mtime. (Whether a rerun is up
+        to date is decided from ``pins``, see ``ckptxform.engine.digest``.)"""
         if self.commit is not None:
             return self.commit
         digest = hashlib.sha256()
