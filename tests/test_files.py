@@ -269,6 +269,6 @@ def test_a_rerun_notices_a_changed_source_file(model_rule: Path, tmp_path: Path)
                                    "section or the sources' files changed); pass --force to replace it")
     (tmp_path / "model" / "LICENSE").unlink()
     model_rule.write_text(model_rule.read_text().replace("{glob: LICENSE}", "{glob: LICENSE, optional: true}"))
-    with pytest.raises(OutputError, match="other rules"):
+    with pytest.raises(OutputError, match="other files: 7 copied then, 7 to copy now"):
         api.apply(model_rule, out=out)
     assert api.apply(model_rule, out=out, force=True).copied[0].copy.target == "SOURCE_README.md"

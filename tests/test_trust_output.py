@@ -122,6 +122,28 @@ def test_force_refuses_an_earlier_output_holding_a_file_ckptxform_did_not_write(
     assert snapshot(out) == before and (out / "eval").is_dir() and beside(out) == []
 
 
+def test_force_replaces_an_earlier_output_with_copied_files_but_not_a_file_added_among_them(
+        tmp_path: Path) -> None:
+    from test_files import RULE, make_model
+
+    make_model(tmp_path / "model")
+    rules = tmp_path / "rule.yaml"
+    skip = "  - {glob: 'original/**', skip: the sentencepiece model is not needed beside tokenizer.json}"
+    assert RULE.count(skip) == 1
+    rules.write_text(RULE.replace(skip, "  - {glob: 'original/**'}"))  # a copy in a folder of OUT
+    out = tmp_path / "out"
+    api.apply(rules, out=out, progress=False)
+    assert (out / "original" / "tokenizer.model").is_file()
+    assert api.apply(rules, out=out, force=True, progress=False).copied  # its own files, folder and all
+
+    (out / "original" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError) as err:
+        api.apply(rules, out=out, force=True, progress=False)
+    assert str(err.value) == (f"{str(out)!r} already exists and holds 'original/notes.txt', which ckptxform did "
+                              f"not write there; {REFUSE_FIX}")
+    assert (out / "original" / "notes.txt").read_text() == "mine" and beside(out) == []
+
+
 @pytest.mark.parametrize("audit, reason", [
     ('{"event": "tensor"}\n', f"has a {AUDIT} that does not start with the run record of ckptxform apply"),
     ('{"event": "run"}\n{"event": "summary", "status": "failed"}\n',

@@ -42,9 +42,9 @@ def run_event(plan: Plan, started: datetime, digest: RunDigest) -> dict[str, Any
 def not_an_earlier_output(out: Path) -> str | None:
     """Why ``out`` is not purely an earlier output of ``ckptxform apply``, or None when it is:
     a directory whose audit log starts with a run record and ends with the ok summary of a
-    completed run, holding nothing but the files that summary lists, their shard index,
-    config.json and the audit. Only such a directory may be replaced (``--force``). The
-    reason follows "OUT already exists and"."""
+    completed run, holding nothing but the weight files that summary lists, their shard
+    index, config.json, the files the audit says were copied, and the audit. Only such a
+    directory may be replaced (``--force``). The reason follows "OUT already exists and"."""
     if not out.is_dir():
         return "is not a directory"
     path = out / AUDIT_FILE
@@ -62,11 +62,26 @@ def not_an_earlier_output(out: Path) -> str | None:
         return f"has a {AUDIT_FILE} that does not end with the summary of a completed run"
     written = {AUDIT_FILE, CONFIG_FILE, *map(str, files)}
     written |= {f"{m.group(1)}.safetensors.index.json" for f in written if (m := _SHARD.fullmatch(f))}
-    foreign = [entry.name for entry in out.iterdir() if entry.name not in written or not entry.is_file()
-               or entry.is_symlink()]
+    written |= {str(e["file"]) for line in lines if b'"event": "file"' in line
+                and (e := _event(line)) is not None and e.get("action") == "copied" and "file" in e}
+    foreign = _not_written(out, written)
     if foreign:
         return f"holds {quote_keys(foreign, 3)}, which ckptxform did not write there"
     return None
+
+
+def _not_written(out: Path, written: set[str]) -> list[str]:
+    """Entries under ``out`` (relative paths) that are neither one of the ``written`` files
+    nor a folder holding one; links count as foreign (replacing OUT would not remove
+    their targets, but they are not ckptxform's)."""
+    folders = {str(parent) for name in written for parent in Path(name).parents if str(parent) != "."}
+    foreign = []
+    for path in out.rglob("*"):
+        name = str(path.relative_to(out))
+        mine = (name in written and path.is_file()) or (name in folders and path.is_dir())
+        if path.is_symlink() or not mine:
+            foreign.append(name)
+    return foreign
 
 
 def _event(line: bytes) -> dict[str, Any] | None:

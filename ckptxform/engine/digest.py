@@ -4,7 +4,8 @@ An output is this run's conversion when the same ckptxform decided the same plan
 same inputs. The digest covers, each as the audit's run record keeps it:
 
 - ``plan_sha256``: the decided plan (every output's recipe, dtype and shape, the account of
-  every source tensor, the output config, the shard layout and the rule set's name),
+  every source tensor, the output config, the files copied, the shard layout and the rule
+  set's name),
   without the positions in the rule file: a comment or a blank line moves every rule's
   line number but decides nothing, while anything a rule asks for changes the plan;
 - ``files_read``: every local file the plan read (weight files, shard indexes, configs,
@@ -53,7 +54,7 @@ def run_digest(plan: Plan) -> RunDigest:
     '3f1c...'
     """
     decided = {"name": plan.rules.name, "output": plan.rules.output, "outputs": plan.outputs,
-               "records": plan.records, "config": plan.config}
+               "records": plan.records, "config": plan.config, "files": plan.files}
     plan_sha256 = _sha256(_canonical(decided))
     files_read = {pin.path: pin.stamp for pin in plan.files_read()}
     commits = {name: record.commit for name, record in sorted(plan.sources.items())}

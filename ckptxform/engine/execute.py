@@ -387,8 +387,9 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
         events = read_audit(out)
         if not events or events[0].get("event") != "run":
             return f"its {AUDIT_FILE} does not start with a run record"
-        changed = (changes(digest, events[0], plan.rules.path)
-                   or copied_files_changed(plan.files, plan.checkpoints, events))
+        # the copied files' own account first: it names the file
+        changed = (copied_files_changed(plan.files, plan.checkpoints, events)
+                   or changes(digest, events[0], plan.rules.path))
         if changed:
             return "was made from " + "; ".join(changed)
         verify(out)

@@ -19,6 +19,7 @@ from ..errors import PlanError, SourceNotFoundError, quote_keys
 from ..rules.file_rules import FileRule, path_problem
 from ..rules.model import RuleSet
 from ..sources.base import Checkpoint
+from ..sources.pins import check_unchanged, pin_fd
 from .audit import AUDIT_FILE
 from .outdir import io_error
 
@@ -150,6 +151,7 @@ def copy_files(files: FilesPlan, checkpoints: Mapping[str, Checkpoint], dest: Pa
                                       "it was listed when the plan was made", source=copy.source,
                                       path=str(source)) from None
         with reader:
+            pin = pin_fd(source, reader.fileno())
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with target.open("xb") as writer:
@@ -159,6 +161,7 @@ def copy_files(files: FilesPlan, checkpoints: Mapping[str, Checkpoint], dest: Pa
                         size += len(chunk)
             except OSError as err:
                 raise io_error("writing", target, err) from None
+        check_unchanged([pin])  # a file written to while it was copied would be copied mixed
         out.append(CopiedFile(copy, size, digest.hexdigest()))
     return tuple(out)
 
