@@ -6,7 +6,8 @@ from typing import Any
 
 from .engine.execute import ApplyResult
 from .engine.planner import Plan
-from .engine.recipes import GatherRows, TensorRecord
+from .engine.gather import GatherRows
+from .engine.recipes import TensorRecord
 from .errors import printable, quote_keys, terminal_line
 from .sources.base import Checkpoint
 
@@ -76,12 +77,9 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
                  + (", config.json" if plan.config is not None else ""))
     key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
     for out in plan.outputs:
-        origin = out.origin()
-        src = (f"{origin['source']}:{printable(origin['key'])}" if "source" in origin
-               else f"vocab {origin['vocab']}.{origin['field']}")
-        extra = " (permuted)" if isinstance(out.recipe, GatherRows) else ""
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
-        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- {src}{extra}{cast}")
+        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- "
+                     f"{out.recipe.describe()}{cast}")
     lines.extend(_files_text(plan))
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")

@@ -1,8 +1,8 @@
 """execute(Plan) -> OUT: stream every output tensor's bytes into place, shard by shard.
 
-Copies move bytes through a bounded buffer; row gathers read only the rows they need, a
-bounded block of rows at a time; only casts and numeric fills decode values (and import
-torch). The output appears whole (renamed from a temporary sibling) or not at all.
+Each output's recipe streams its bytes (engine/recipes.py): byte runs of local files are
+copied by the kernel, other bytes move through bounded buffers; only casts, numeric fills
+and block ops decode values (and import torch). The output appears whole (renamed from a temporary sibling) or not at all.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..dtypes import DTYPE_SIZES
-from ..errors import CkptxformError, OutputError, PlanError
+from ..errors import CkptxformError, OutputError, RequirementError
 from ..log import logger
+from ..ops.decode import cast_bytes
 from ..sources.pins import check_unchanged
 from .audit import AUDIT_FILE, AuditLog, run_event, started_now
 from .files import CopiedFile, copied_files_changed, copy_files
@@ -27,13 +28,10 @@ from .digest import RunDigest, changes, run_digest
 from .layout import OutputTensorSpec, plan_layout
 from .outdir import OutputDir, refuse_foreign, refuse_overlap
 from .planner import Plan
-from .recipes import CopyTensor, GatherRows, OutputPlan, VocabField
+from .recipes import Chunk, OutputPlan, Piece
 from .writer import ShardWriter
 
 _T = TypeVar("_T")
-
-#: bytes moved per read/write; bounds memory per tensor being copied or gathered
-CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -66,175 +64,21 @@ class ApplyResult:
     copied: tuple[CopiedFile, ...] = ()
 
 
-Producer = Callable[[OutputPlan, Plan], Iterator[bytes | bytearray | memoryview]]
-
-
-def _copy(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryview]:
-    recipe = out.recipe
-    assert isinstance(recipe, CopyTensor)
-    ckpt = plan.checkpoints[recipe.source]
-    info = ckpt.tensors[recipe.key]
-    for start in range(0, info.nbytes, CHUNK_BYTES):
-        yield ckpt.read(info, start, min(CHUNK_BYTES, info.nbytes - start))
-
-
-def _local_file(out: OutputPlan, plan: Plan) -> tuple[Path, int, int] | None:
-    """(path, offset, length) when ``out`` is a verbatim copy of bytes in a local file."""
-    recipe = out.recipe
-    if not isinstance(recipe, CopyTensor) or out.dtype != out.input_dtype:
-        return None
-    ckpt = plan.checkpoints[recipe.source]
-    info = ckpt.tensors[recipe.key]
-    path = ckpt.local_path(info.file)
-    return None if path is None or info.offset < 0 else (path, info.offset, info.nbytes)
-
-
-def _gather(out: OutputPlan, plan: Plan) -> Iterator[bytes | bytearray | memoryview]:
-    recipe = out.recipe
-    assert isinstance(recipe, GatherRows)
-    ckpt = plan.checkpoints[recipe.source]
-    info = ckpt.tensors[recipe.key]
-    width = info.row_nbytes
-    fill = _Filler(recipe, plan, info.dtype, info.shape[1:], width)
-    block = max(1, CHUNK_BYTES // max(1, width))
-    for first in range(0, len(recipe.rows), block):
-        rows = recipe.rows[first:first + block]
-        targets = recipe.targets[first:first + block]
-        buf = bytearray(len(rows) * width)
-        _place_runs(buf, width, ckpt, info, [(j, row) for j, row in enumerate(rows) if row >= 0])
-        fill.place(buf, [(j, target) for j, (row, target) in enumerate(zip(rows, targets)) if row < 0])
-        yield memoryview(buf).toreadonly()  # never refilled: the writer may hash it after write returns
-
-
-def _place_runs(buf: bytearray, width: int, ckpt: Any, info: Any, pairs: list[tuple[int, int]],
-                cast: tuple[str, str] | None = None) -> None:
-    """Copy row ``row`` of ``info`` to row ``pos`` of ``buf`` for each ``(pos, row)``: one read
-    and one copy per run of rows adjacent on both sides (in a vocabulary alignment most
-    are), not one per row."""
-    runs: list[list[int]] = []  # [pos, row, count]
-    for pos, row in pairs:
-        if runs and runs[-1][0] + runs[-1][2] == pos and runs[-1][1] + runs[-1][2] == row:
-            runs[-1][2] += 1
-        else:
-            runs.append([pos, row, 1])
-    spans = [(row, count) for _, row, count in runs]
-    if cast is None:
-        ckpt.read_runs_into(info, spans, memoryview(buf), [pos for pos, _, _ in runs])
-        return
-    for (pos, _, count), blob in zip(runs, ckpt.read_runs(info, spans), strict=True):
-        buf[pos * width:(pos + count) * width] = _cast_bytes(blob, *cast)
-
-
-class _Filler:
-    """Rows for target tokens the source vocabulary lacks, per ``missing_rows``."""
-
-    def __init__(self, recipe: GatherRows, plan: Plan, dtype: str, row_shape: tuple[int, ...], width: int):
-        self.recipe, self.plan, self.dtype, self.row_shape, self.width = recipe, plan, dtype, row_shape, width
-        self._generator: Any = None
-        self._mean: bytes | None = None
-
-    def place(self, buf: bytearray, missing: list[tuple[int, int]]) -> None:
-        """Fill row ``pos`` of ``buf`` for each ``(pos, target token id)`` in ``missing``."""
-        if not missing:
-            return
-        spec = self.recipe.fill
-        if spec is None:
-            raise PlanError(f"{self.recipe.key!r}: rows are missing and no missing_rows was given")
-        width = self.width
-        if spec.init == "rows_of":
-            assert spec.rows_of is not None and spec.tensor is not None
-            ckpt = self.plan.checkpoints[spec.rows_of]
-            info = ckpt.tensors[spec.tensor]
-            cast = (info.dtype, self.dtype) if info.dtype != self.dtype else None
-            _place_runs(buf, width, ckpt, info, missing, cast)
-        elif spec.init == "zeros":
-            pass  # a new buffer is zeros already
-        elif spec.init == "mean":
-            if self._mean is None:
-                self._mean = self._mean_row()
-            for pos, _ in missing:
-                buf[pos * width:(pos + 1) * width] = self._mean
-        else:
-            raw = self._normal(len(missing), spec.std, spec.seed)
-            for i, (pos, _) in enumerate(missing):
-                buf[pos * width:(pos + 1) * width] = raw[i * width:(i + 1) * width]
-
-    def _mean_row(self) -> bytes:
-        import torch
-
-        from ..dtypes import torch_dtype
-
-        ckpt = self.plan.checkpoints[self.recipe.source]
-        info = ckpt.tensors[self.recipe.key]
-        present = sorted({r for r in self.recipe.rows if r >= 0})
-        total = torch.zeros(self.row_shape, dtype=torch.float64)
-        block = max(1, CHUNK_BYTES // max(1, self.width))
-        for i in range(0, len(present), block):
-            chunk = ckpt.read_rows(info, present[i:i + block])
-            for raw in chunk.values():
-                # summed in float64: torch does not promote float8 rows
-                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(
-                    self.row_shape).to(torch.float64)
-        mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
-        return _tensor_bytes(mean)
-
-    def _normal(self, count: int, std: float, seed: int) -> bytes:
-        import torch
-
-        from ..dtypes import torch_dtype
-
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(seed)
-        values = torch.randn((count, *self.row_shape), generator=self._generator, dtype=torch.float32) * std
-        return _tensor_bytes(values.to(torch_dtype(self.dtype)))
-
-
-def _vocab_field(out: OutputPlan, plan: Plan) -> Iterator[bytes]:
-    recipe = out.recipe
-    assert isinstance(recipe, VocabField)
-    vmap = plan.vocab_maps[recipe.vocab]
-    yield vmap.d2t_bytes(recipe.encoding) if recipe.field == "d2t" else vmap.t2d_bytes()
-
-
-#: how each recipe's bytes are made; a new verb adds its recipe type and one function here
-PRODUCERS: dict[type, Producer] = {CopyTensor: _copy, GatherRows: _gather, VocabField: _vocab_field}
-
-
-def _tensor_bytes(tensor: Any) -> bytes:
-    """The raw bytes of a CPU tensor (without numpy, which torch does not require)."""
-    import ctypes
-
-    tensor = tensor.contiguous()
-    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
-
-
-def _cast_bytes(raw: bytes | bytearray | memoryview, src: str, dst: str) -> bytes:
-    """Elementwise dtype conversion of raw little-endian tensor bytes (imports torch)."""
-    import torch
-
-    from ..dtypes import torch_dtype
-
-    values = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src))
-    return _tensor_bytes(values.to(torch_dtype(dst)))
-
-
-def _cast_stream(chunks: Iterator[bytes | bytearray | memoryview], src: str,
-                 dst: str) -> Iterator[bytes | bytearray | memoryview]:
+def _cast_stream(chunks: Iterator[Chunk], src: str, dst: str) -> Iterator[Chunk]:
     size = DTYPE_SIZES[src]
     for chunk in chunks:
         assert len(chunk) % size == 0
-        yield _cast_bytes(chunk, src, dst)
+        yield cast_bytes(chunk, src, dst)
 
 
 def _execution_order(plan: Plan) -> list[OutputPlan]:
-    """Copies in source-file order (sequential reads), then everything else."""
-    def key(o: OutputPlan) -> tuple[int, str, str, int, str]:
-        r = o.recipe
-        if isinstance(r, CopyTensor):
-            info = plan.checkpoints[r.source].tensors[r.key]
-            return (0, r.source, info.file, info.offset, o.key)
-        return (1, "", "", 0, o.key)
-    return sorted(plan.outputs, key=key)
+    """What reads whole local tensors in source-file order (sequential reads), then the rest."""
+    return sorted(plan.outputs, key=lambda o: (*o.recipe.read_order(plan), o.key))
+
+
+def _local_pieces(out: OutputPlan, plan: Plan) -> Iterator[Piece] | None:
+    """``out``'s bytes as kernel copies from local files, when it is made of such (no cast)."""
+    return out.recipe.local_pieces(plan) if out.dtype == out.input_dtype else None
 
 
 def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None,
@@ -258,6 +102,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
         # a run killed after its rename left its lock file (or a killed --force run its
         # temporary sibling): this run writes nothing, but it still tidies up after them
         return replace(previous, stale_removed=OutputDir(out).remove_stale())
+    _check_ties(plan)
     with OutputDir(out, force=force, fsync=fsync) as odir:
         audit = _Audit(odir)
         try:
@@ -267,7 +112,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             _prefetch(plan)
             bar = _progress_bar(layout.total_bytes, progress)
             with ShardWriter(odir, layout) as writer:
-                ordered = [(o, _local_file(o, plan)) for o in _execution_order(plan)]
+                ordered = [(o, _local_pieces(o, plan)) for o in _execution_order(plan)]
                 copies = [(o, local) for o, local in ordered if local is not None]
                 streamed = [o for o, local in ordered if local is None]
                 # Kernel copies (I/O) on this thread, gathers and casts (Python) on another:
@@ -313,16 +158,23 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                        stale_removed=odir.stale_removed, copied=copied)
 
 
-def _write_copies(outputs: list[tuple[OutputPlan, tuple[Path, int, int]]], writer: ShardWriter, bar: Any,
+def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter, bar: Any,
                   stop: threading.Event) -> None:
-    """Verbatim copies from local files: in the kernel, never through Python memory."""
-    for o, (path, offset, length) in outputs:
-        if stop.is_set():
-            return
-        writer.copy_from(o.key, path, offset, length)
+    """Byte runs of local files: in the kernel, never through Python memory (short runs
+    between them through a small buffer)."""
+    for o, pieces in outputs:
+        for piece in pieces:
+            if stop.is_set():
+                return
+            if isinstance(piece, tuple):
+                path, offset, length = piece
+                writer.copy_from(o.key, path, offset, length)
+            else:
+                writer.write(o.key, piece)
+                length = len(piece)
+            if bar is not None:
+                bar.update(length)
         writer.finish_tensor(o.key)
-        if bar is not None:
-            bar.update(length)
 
 
 def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, bar: Any,
@@ -330,7 +182,7 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
     """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
     try:
         for o in outputs:
-            chunks = PRODUCERS[type(o.recipe)](o, plan)
+            chunks = o.recipe.stream(plan)
             if o.dtype != o.input_dtype:
                 chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
             for chunk in chunks:
@@ -405,13 +257,30 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
                        bytes_written=0, up_to_date=True)
 
 
+def _check_ties(plan: Plan) -> None:
+    """A tied tensor is dropped only when its bytes are the output's it is tied to (read
+    a chunk at a time, before anything is written)."""
+    for source, key, target, label in plan.ties:
+        ckpt = plan.checkpoints[source]
+        info = ckpt.tensors[key]
+        out = next(o for o in plan.outputs if o.key == target)
+        pos = 0
+        for chunk in out.recipe.stream(plan):
+            mine = ckpt.read(info, pos, len(chunk))
+            if mine != bytes(chunk):
+                first = next(i for i, (a, b) in enumerate(zip(mine, bytes(chunk))) if a != b)
+                raise RequirementError(
+                    f"{label}: tie: {source}:{key} differs from output {target!r} at byte {pos + first}; "
+                    "tie only identical tensors (or write both, without tie)", key=key)
+            pos += len(chunk)
+
+
 def _prefetch(plan: Plan) -> None:
     """Tell each source which files will be copied whole (Hub sources download them)."""
     files: dict[str, set[str]] = {}
     for o in plan.outputs:
-        if isinstance(o.recipe, CopyTensor):
-            info = plan.checkpoints[o.recipe.source].tensors[o.recipe.key]
-            files.setdefault(o.recipe.source, set()).add(info.file)
+        for source, file in o.recipe.prefetch_files(plan):
+            files.setdefault(source, set()).add(file)
     for name, needed in files.items():
         plan.checkpoints[name].prefetch(sorted(needed))
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..dtypes import cast_problem, decodable, is_float
 from ..errors import quote
-from .recipes import CopyTensor, GatherRows, OutputPlan
+from .gather import GatherRows
+from .recipes import CopyTensor, OutputPlan
 
 
 def value_problem(out: OutputPlan) -> str | None:

@@ -23,8 +23,11 @@ from ..sources.vocab_files import load_vocab_file
 from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
 from .config_builder import build_config
 from .files import FilesPlan, plan_files
+from .gather import GatherRows
+from .groups import plan_template_rule
 from .output_checks import carries_source_rows, value_problem
-from .recipes import CopyTensor, GatherRows, OutputPlan, SourceRecord, TensorRecord, VocabField
+from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
+from .references import References
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -51,6 +54,9 @@ class Plan:
     files: FilesPlan = field(default_factory=FilesPlan)
     #: each vocabulary file read (vocab name -> the file as it stood when read)
     vocab_files: dict[str, FilePin] = field(default_factory=dict)
+    #: (source, key, output key, rule): tensors not written because apply checks they are
+    #: byte-identical to an output (``tie``)
+    ties: tuple[tuple[str, str, str, str], ...] = ()
 
     def files_read(self) -> tuple[FilePin, ...]:
         """Every local file the plan read (weight files, indexes, configs, vocab files)."""
@@ -117,6 +123,7 @@ class _Planner:
         self.vocab: dict[str, VocabMap] = {}
         self.alignments: dict[str, Alignment] = {}
         self.vocab_files: dict[str, FilePin] = {}
+        self.ties: list[tuple[str, str, str, str]] = []
 
     # -- entry ---------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -126,6 +133,7 @@ class _Planner:
         self._plan_converted_source()
         for entry in self.rules.add.values():
             self._plan_add(entry)
+        self._check_ties()
         self._check_requirements()
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
@@ -138,7 +146,7 @@ class _Planner:
                     records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     checkpoints=self.ckpts, files=plan_files(self.rules, self.ckpts),
-                    vocab_files=self.vocab_files)
+                    vocab_files=self.vocab_files, ties=tuple(self.ties))
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
@@ -228,19 +236,23 @@ class _Planner:
                 self._record(spec.source, t2d, "vocab", None, spec.where.short, reason)
 
     def _vocab_size(self, spec: VocabSpec, where: str) -> int | None:
-        """``vocab_size`` as written, or read from the source's config (``${config.PATH}``)."""
+        """``vocab_size`` as written, or an expression over the source's config (``${config.PATH}``)."""
         if not isinstance(spec.vocab_size, str):
             return spec.vocab_size
         assert spec.source is not None
-        path = spec.vocab_size[len("${config."):-1]
-        value: Any = self.ckpts[spec.source].config() or {}
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
+        value = self._references(spec.source).evaluate(spec.vocab_size, f"{where}: vocab_size")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"{where}: vocab_size {spec.vocab_size}: the config of source {spec.source!r} "
                             f"({self.ckpts[spec.source].location}) has {value!r} there, not a positive integer; "
                             "give the size as an integer in the rule file", source=spec.source)
         return value
+
+    def _references(self, source: str) -> References:
+        """How ``${...}`` resolves for a rule about ``source``: ``config`` is its config file."""
+        ckpt = self.ckpts[source]
+        config_file = self.rules.sources[source].config_file
+        return References(self.rules, self.ckpts, self.vocab, ckpt.config(config_file),
+                          f"the {config_file} of source {source!r} ({ckpt.location})")
 
     # -- the converted source ------------------------------------------------------------
     def _plan_converted_source(self) -> None:
@@ -249,6 +261,7 @@ class _Planner:
         ckpt = self.ckpts[source]
         matched: dict[int, int] = {}
         unmatched: list[str] = []
+        grouped: dict[int, list[TensorInfo]] = {}
         for key, info in ckpt.tensors.items():
             self.files_opened.setdefault(source, set()).add(info.file)
             rule = next((r for r in self.rules.tensors if r.pattern.fullmatch(key)), None)
@@ -260,12 +273,17 @@ class _Planner:
                                  "no rule matches (require.strict: false)")
                 continue
             matched[rule.index] = matched.get(rule.index, 0) + 1
-            self._plan_tensor(source, info, rule)
+            if rule.template is not None and rule.skip is None and rule.tie is None:
+                grouped.setdefault(rule.index, []).append(info)
+            else:
+                self._plan_tensor(source, info, rule)
         if unmatched:
             raise PlanError(
                 f"{self.rules.path}: {len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} of source "
                 f"{source!r} match no rule: {quote_keys(unmatched)}; add a rule for each (or a 'skip' "
                 "with its reason), or set require.strict: false", source=source)
+        for index, members in grouped.items():
+            self._plan_group(source, self.rules.tensors[index], members)
         keys = list(ckpt.tensors)
         for rule in self.rules.tensors:
             # A rule overridden by an earlier one (a child file's, under extends) matches
@@ -277,6 +295,11 @@ class _Planner:
         where = rule.where.short
         if rule.skip is not None:
             self._record(source, info, "skipped", None, where, rule.skip)
+            return
+        if rule.tie is not None:
+            self.ties.append((source, info.key, rule.tie, rule.label))
+            self._record(source, info, "tied", None, where,
+                         f"not written: the same bytes as output {rule.tie!r} (checked by apply)")
             return
         target = rule.output_key(info.key)
         assert target is not None
@@ -295,6 +318,41 @@ class _Planner:
                                     loaded=carries_source_rows(recipe)),
                          f"{rule.label} (from {source}:{info.key})")
         self._record(source, info, action, target, where, reason)
+
+    def _plan_group(self, source: str, rule: TensorRule, members: list[TensorInfo]) -> None:
+        """A ``key:`` rule: its groups, op chains and outputs (engine/groups.py)."""
+        refs = self._references(source)
+        targets: dict[str, list[str]] = {}
+        chain = "; ".join(step.op.describe(step.args) for step in rule.ops)
+        for planned in plan_template_rule(rule, source, members, refs):
+            dtype = self._out_dtype(planned.dtype, rule.cast)
+            self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
+                                        rule.where.short, loaded=True),
+                             f"{rule.label} (from {source}:{planned.members[0].key})")
+            for info in planned.members:
+                targets.setdefault(info.key, []).append(planned.key)
+        for info in members:
+            outs = targets.get(info.key, [])
+            if not outs:
+                self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
+                continue
+            action = "transformed" if rule.ops else ("renamed" if outs != [info.key] else "loaded")
+            reason = (f"{chain} -> " if chain else "matched -> ") + ", ".join(map(repr, outs))
+            dtype = self._out_dtype(info.dtype, rule.cast)
+            if dtype != info.dtype:
+                reason += f", cast {info.dtype} -> {dtype}"
+            self._record(source, info, action, outs[0] if len(outs) == 1 else tuple(outs), rule.where.short, reason)
+
+    def _check_ties(self) -> None:
+        for source, key, target, label in self.ties:
+            out = self.outputs.get(target)
+            info = self.ckpts[source].tensors[key]
+            if out is None:
+                raise PlanError(f"{label}: tie: {source}:{key} is to be tied to output {target!r}, which no rule "
+                                "writes; name an output key of this rule file", key=key)
+            if (out.shape, out.dtype) != (info.shape, info.dtype):
+                raise PlanError(f"{label}: tie: {source}:{key} is {info.dtype} {list(info.shape)} but output "
+                                f"{target!r} is {out.dtype} {list(out.shape)}; tied tensors must be identical", key=key)
 
     def _permutation(self, source: str, info: TensorInfo,
                      rule: TensorRule) -> tuple[GatherRows, tuple[int, ...], str]:

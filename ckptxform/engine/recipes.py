@@ -1,57 +1,279 @@
 """What the plan says about each output tensor and each source tensor.
 
-An output tensor has a recipe: how its bytes are made. Recipes are data; the executor
-keeps a registry from recipe type to the function that streams its bytes
-(engine/execute.py), so adding a verb means adding a recipe and one function.
+An output tensor has a recipe: how its bytes are made. Each recipe type is one family of
+programs and knows everything about itself (its inputs, its audit wording, how its bytes
+stream, which of them the kernel can copy, where it reads), so the executor, the audit
+and the reports never switch on its type:
+
+- ``CopyTensor``: one source tensor's bytes unchanged (a keep, a rename, an untie);
+- ``ByteProgram``: byte runs of several inputs (stack, concat, split, any row
+  permutation), made by a chain of layout ops; nothing is decoded;
+- ``BlockProgram``: a block op (transpose, dequant) decoding a bounded block at a time;
+- ``GatherRows`` (engine/gather.py): rows permuted by vocabulary maps, with fills;
+- ``VocabField``: ``d2t``/``t2d`` of a vocabulary map.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
 
 from ..dtypes import nbytes
-from ..rules.model import MissingRows
+from ..errors import printable
+from ..ops.base import Block, InputTensor, Run, View
+from ..sources.base import Checkpoint, TensorInfo
+from ..vocab import VocabMap
+
+#: bytes moved per read/write; bounds memory per tensor being copied or gathered
+CHUNK_BYTES = 16 << 20
+#: runs at least this long are copied by the kernel when their file is local
+KERNEL_RUN_MIN = 1 << 20
+
+Chunk = bytes | bytearray | memoryview
+#: a piece of an output written from a local file: (path, offset, length), or bytes
+Piece = tuple[Path, int, int] | Chunk
+
+
+class Sources(Protocol):
+    """What a recipe reads from (the Plan): the open checkpoints and the vocabulary maps."""
+
+    checkpoints: dict[str, Checkpoint]
+    vocab_maps: dict[str, VocabMap]
 
 
 @dataclass(frozen=True)
-class CopyTensor:
+class TensorRef:
+    source: str
+    key: str
+
+    def info(self, plan: Sources) -> TensorInfo:
+        return plan.checkpoints[self.source].tensors[self.key]
+
+    def to_dict(self) -> dict[str, str]:
+        return {"source": self.source, "key": self.key}
+
+
+class Recipe(ABC):
+    """How one output tensor's bytes are made."""
+
+    @property
+    @abstractmethod
+    def inputs(self) -> tuple[TensorRef, ...]:
+        """The source tensors it reads, in order."""
+
+    @abstractmethod
+    def origin(self) -> dict[str, Any]:
+        """The ``from`` field of the audit's ``written`` record (without ``cast_from``)."""
+
+    @abstractmethod
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        """The bytes in order, a bounded chunk at a time."""
+
+    def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
+        """The bytes as kernel copies from local files (and small chunks), or None when
+        they cannot all be had that way."""
+        return None
+
+    def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
+        """Sort key: what reads whole local tensors goes first, in source-file order."""
+        return (1, "", "", 0)
+
+    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
+        """``(source, file)`` pairs read whole (Hub sources download such files)."""
+        return []
+
+    def describe(self) -> str:
+        """What ``plan`` prints after the arrow: ``source:key`` and what is done to it."""
+        origin = self.origin()
+        return f"{origin['source']}:{printable(origin['key'])}"
+
+
+class ByteRecipe(Recipe):
+    """An output that is byte runs of its inputs: streamed, or copied by the kernel."""
+
+    @abstractmethod
+    def runs(self, plan: Sources) -> tuple[Run, ...]:
+        """The output's bytes as runs of ``inputs`` (input -1: zero bytes)."""
+
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        infos = [ref.info(plan) for ref in self.inputs]
+        buf = bytearray()
+        for run in self.runs(plan):
+            for start in range(0, run.length, CHUNK_BYTES):
+                length = min(CHUNK_BYTES, run.length - start)
+                if run.input < 0:
+                    data: Chunk = bytes(length)
+                else:
+                    ref = self.inputs[run.input]
+                    data = plan.checkpoints[ref.source].read(infos[run.input], run.start + start, length)
+                if not buf and length == CHUNK_BYTES:
+                    yield data
+                    continue
+                buf += data
+                if len(buf) >= CHUNK_BYTES:
+                    yield bytes(buf)
+                    buf.clear()
+        if buf:
+            yield bytes(buf)
+
+    def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
+        places = []
+        for ref in self.inputs:
+            info = ref.info(plan)
+            path = plan.checkpoints[ref.source].local_path(info.file)
+            if path is None or info.offset < 0:
+                return None
+            places.append((path, info.offset))
+        return self._pieces(plan, places)
+
+    def _pieces(self, plan: Sources, places: list[tuple[Path, int]]) -> Iterator[Piece]:
+        runs = self.runs(plan)
+        small: list[Run] = []
+        for run in runs:
+            if run.input >= 0 and (run.length >= KERNEL_RUN_MIN or len(runs) == 1):
+                if small:
+                    yield from _SmallRuns(self, small).stream(plan)
+                    small = []
+                path, offset = places[run.input]
+                yield (path, offset + run.start, run.length)
+            else:
+                small.append(run)
+        if small:
+            yield from _SmallRuns(self, small).stream(plan)
+
+    def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
+        first = self.inputs[0]
+        info = first.info(plan)
+        return (0, first.source, info.file, info.offset)
+
+    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
+        return [(ref.source, ref.info(plan).file) for ref in self.inputs]
+
+
+class _SmallRuns(ByteRecipe):
+    """Some runs of a byte recipe, streamed through memory (too short for a kernel copy)."""
+
+    def __init__(self, whole: ByteRecipe, runs: list[Run]) -> None:
+        self._whole, self._runs = whole, tuple(runs)
+
+    @property
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return self._whole.inputs
+
+    def runs(self, plan: Sources) -> tuple[Run, ...]:
+        return self._runs
+
+    def origin(self) -> dict[str, Any]:
+        return self._whole.origin()
+
+
+@dataclass(frozen=True)
+class CopyTensor(ByteRecipe):
     """The bytes of ``source``'s tensor ``key``, unchanged (a keep or a rename)."""
 
     source: str
     key: str
 
+    @property
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return (TensorRef(self.source, self.key),)
 
-@dataclass(frozen=True)
-class GatherRows:
-    """Output row ``j`` is row ``rows[j]`` of ``source``'s ``key``; where ``rows[j]`` is -1
-    the row is filled by ``fill`` for target token ``targets[j]``."""
+    def runs(self, plan: Sources) -> tuple[Run, ...]:
+        return (Run(0, 0, self.inputs[0].info(plan).nbytes),)
 
-    source: str
-    key: str
-    rows: tuple[int, ...]
-    targets: tuple[int, ...]
-    fill: MissingRows | None = None
+    def origin(self) -> dict[str, Any]:
+        return {"source": self.source, "key": self.key}
+
+
+class _Chain:
+    """What the two chain programs share: their inputs and how the audit names them."""
+
+    program_inputs: tuple[TensorRef, ...]
+    steps: tuple[str, ...]
 
     @property
-    def rows_from_source(self) -> int:
-        return len(self.rows) - self.rows.count(-1)
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return self.program_inputs
 
-    @property
-    def rows_filled(self) -> int:
-        return len(self.rows) - self.rows_from_source
+    def origin(self) -> dict[str, Any]:
+        return {"inputs": [ref.to_dict() for ref in self.program_inputs], "ops": list(self.steps)}
+
+    def describe(self) -> str:
+        first, more = self.program_inputs[0], len(self.program_inputs) - 1
+        head = f"{first.source}:{printable(first.key)}" + (f" and {more} more" if more else "")
+        return head + (f" ({'; '.join(self.steps)})" if self.steps else "")
 
 
 @dataclass(frozen=True)
-class VocabField:
+class ByteProgram(_Chain, ByteRecipe):
+    """Byte runs of ``inputs`` made by the layout ops ``steps`` (as the audit words them)."""
+
+    program_inputs: tuple[TensorRef, ...]
+    view: View
+    steps: tuple[str, ...]
+
+    def runs(self, plan: Sources) -> tuple[Run, ...]:
+        return self.view.runs
+
+
+@dataclass(frozen=True)
+class BlockProgram(_Chain, Recipe):
+    """A block op's output over views of ``inputs``, decoded a bounded block at a time."""
+
+    program_inputs: tuple[TensorRef, ...]
+    block: Block
+    steps: tuple[str, ...]
+
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        readers = [InputTensor(view, _ViewReader(self.inputs, view, plan).read) for view in self.block.inputs]
+        return self.block.op.blocks(self.block, readers, CHUNK_BYTES)
+
+
+class _ViewReader:
+    """Byte ranges of a view, read from the runs that make it."""
+
+    def __init__(self, inputs: tuple[TensorRef, ...], view: View, plan: Sources) -> None:
+        self._view, self._plan = view, plan
+        self._infos = [(plan.checkpoints[ref.source], ref.info(plan)) for ref in inputs]
+
+    def read(self, start: int, length: int) -> bytes:
+        parts = []
+        for run in self._view.slice(start, length):
+            if run.input < 0:
+                parts.append(bytes(run.length))
+            else:
+                ckpt, info = self._infos[run.input]
+                parts.append(ckpt.read(info, run.start, run.length))
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+@dataclass(frozen=True)
+class VocabField(Recipe):
     """``d2t`` or ``t2d`` of a vocabulary map."""
 
     vocab: str
     field: Literal["d2t", "t2d"]
     encoding: Literal["offset", "absolute"] = "offset"
 
+    @property
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return ()
 
-Recipe = CopyTensor | GatherRows | VocabField
+    def origin(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"vocab": self.vocab, "field": self.field}
+        if self.field == "d2t":
+            out["encoding"] = self.encoding
+        return out
+
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        vmap = plan.vocab_maps[self.vocab]
+        yield vmap.d2t_bytes(self.encoding) if self.field == "d2t" else vmap.t2d_bytes()
+
+    def describe(self) -> str:
+        return f"vocab {self.vocab}.{self.field}"
 
 
 @dataclass(frozen=True)
@@ -59,7 +281,7 @@ class OutputPlan:
     """One tensor of the output: its key, dtype, shape and how its bytes are made.
 
     ``input_dtype`` is the dtype the recipe produces; when it differs from ``dtype`` the
-    executor casts (the only case, with numeric fills, that decodes values)."""
+    executor casts (the only case, with numeric fills and block ops, that decodes values)."""
 
     key: str
     dtype: str
@@ -67,7 +289,7 @@ class OutputPlan:
     recipe: Recipe
     input_dtype: str
     rule: str
-    #: True when the tensor comes from the converted source (what require.loaded asks)
+    #: True when every input comes from the converted source (what require.loaded asks)
     loaded: bool
 
     @property
@@ -76,19 +298,7 @@ class OutputPlan:
 
     def origin(self) -> dict[str, Any]:
         """The ``from`` field of the audit's ``written`` record."""
-        r = self.recipe
-        if isinstance(r, CopyTensor):
-            out: dict[str, Any] = {"source": r.source, "key": r.key}
-        elif isinstance(r, GatherRows):
-            out = {"source": r.source, "key": r.key, "rows_from_source": r.rows_from_source,
-                   "rows_filled": r.rows_filled}
-            if r.fill is not None and r.rows_filled:
-                out["fill"] = (f"{r.fill.rows_of}:{r.fill.tensor}" if r.fill.init == "rows_of"
-                               else r.fill.init)
-        else:
-            out = {"vocab": r.vocab, "field": r.field}
-            if r.field == "d2t":
-                out["encoding"] = r.encoding
+        out = self.recipe.origin()
         if self.dtype != self.input_dtype:
             out["cast_from"] = self.input_dtype
         return out
@@ -96,20 +306,22 @@ class OutputPlan:
 
 @dataclass(frozen=True)
 class TensorRecord:
-    """What happened to one tensor of a source file the run opened (an audit ``tensor`` event)."""
+    """What happened to one tensor of a source file the run opened (an audit ``tensor`` event).
+    ``target`` is a list when one source tensor feeds several outputs (an untie, a split)."""
 
     source: str
     key: str
     action: str
-    target: str | None
+    target: str | tuple[str, ...] | None
     shape: tuple[int, ...]
     dtype: str
     rule: str | None
     reason: str
 
     def to_event(self) -> dict[str, Any]:
+        target = list(self.target) if isinstance(self.target, tuple) else self.target
         return {"event": "tensor", "source": self.source, "key": self.key, "action": self.action,
-                "target": self.target, "shape": list(self.shape), "dtype": self.dtype,
+                "target": target, "shape": list(self.shape), "dtype": self.dtype,
                 "rule": self.rule, "reason": self.reason}
 
 
@@ -127,3 +339,4 @@ class SourceRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"location": self.location, "revision": self.revision, "commit": self.commit,
                 "fingerprint": self.fingerprint}
+

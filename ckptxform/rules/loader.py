@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -33,15 +32,16 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
+from .expr import ExpressionError, Ref, is_expression, parse_expression
 from .file_rules import build_file_rules, entry_problems
 from .library import locate_rules, shipped_rule_path
 from .schema_check import format_path, plain, schema_problems
+from .template_rules import parse_template_rule
 from .yaml_source import Where, YamlDocument, read_yaml
 
 # Every escape of a rename template, so that an escaped backslash (``\\1``) is not read
 # as a group reference; group(1) is a group number, group(2) a ``\g<...>`` name.
 _GROUP_REF = re.compile(r"\\(?:(\d+)|g<([^>]*)>|.)", re.DOTALL)
-_CONFIG_REF = re.compile(r"^\$\{([^}]*)\}$")
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -211,6 +211,25 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
     earlier: list[KeyPattern] = []
     for node in m.tensors:
         rule = node.value if isinstance(node.value, dict) else {}
+        if isinstance(rule.get("key"), str):
+            parsed = parse_template_rule(rule, node.where)
+            for sub, problem in parsed.problems:
+                report(node, sub, problem)
+            for sub, value in _op_expressions(rule):
+                for problem in _reference_problems(value, sub, sources, vocabs):
+                    report(node, problem[0], problem[1])
+            if parsed.key is not None and not parsed.problems:
+                earlier.append(KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")))
+                for i, tpl in enumerate(parsed.to):
+                    literal = tpl.literal
+                    if literal is None:
+                        continue
+                    if literal in literal_outputs:
+                        report(node, ("to",), f"produces output key {literal!r}, already produced by "
+                               f"{literal_outputs[literal]}; two tensors cannot be written to one key")
+                    else:
+                        literal_outputs[literal] = f"{format_path(node.path)} ({node.where().short})"
+            continue
         pattern = _compile(rule.get("match"), node, ("match",), report)
         # A rule for one literal key that an earlier rule already takes never fires: that
         # is how a child file overrides a base rule, not two tensors for one output key.
@@ -353,29 +372,36 @@ def _reference_problems(
 
 
 def _reference_problem(value: Any, sources: list[str], vocabs: list[str]) -> str | None:
-    if not isinstance(value, str):
+    if not is_expression(value):
         return None
-    ref = _CONFIG_REF.match(value)
-    if ref is None:
-        return None
-    parts = ref.group(1).split(".")
-    head = parts[0]
-    if head == "config" and len(parts) >= 2:
-        _, has_default, default = ref.group(1).partition(" ?? ")
-        try:
-            json.loads(default) if has_default else None
-        except ValueError:
-            return (f"{value!r}: the default after ' ?? ' must be a JSON value "
-                    "(true, false, a number, \"text\", null)")
-        return None
-    if head == "vocab" and len(parts) == 3 and parts[2] in ("draft_size", "vocab_size"):
-        return None if parts[1] in vocabs else f"unknown vocabulary {parts[1]!r}{_did_you_mean(parts[1], vocabs)}"
-    if head == "source" and len(parts) == 3 and parts[2] in ("repo", "revision", "location"):
-        return None if parts[1] in sources else f"unknown source {parts[1]!r}{_did_you_mean(parts[1], sources)}"
-    if value == "${output.dtype}":
-        return None
-    return (f"unknown reference {value!r}; use ${{config.PATH}}, ${{vocab.NAME.draft_size}}, "
-            "${vocab.NAME.vocab_size}, ${source.NAME.repo} or ${output.dtype}")
+    try:
+        expression = parse_expression(value)
+    except ExpressionError as err:
+        return str(err)
+    for ref in expression.refs():
+        problem = _named_problem(ref, sources, vocabs)
+        if problem:
+            return problem
+    return None
+
+
+def _named_problem(ref: Ref, sources: list[str], vocabs: list[str]) -> str | None:
+    """An unknown vocabulary or source named by a reference."""
+    if ref.kind == "vocab" and ref.path[0] not in vocabs:
+        return f"unknown vocabulary {ref.path[0]!r}{_did_you_mean(ref.path[0], vocabs)}"
+    if ref.kind == "source" and ref.path[0] not in sources:
+        return f"unknown source {ref.path[0]!r}{_did_you_mean(ref.path[0], sources)}"
+    return None
+
+
+def _op_expressions(rule: dict[str, Any]) -> list[tuple[tuple[str | int, ...], Any]]:
+    """Each argument of each op of ``rule``, with its path (for reference checks)."""
+    out: list[tuple[tuple[str | int, ...], Any]] = []
+    for i, item in enumerate(rule.get("ops") or []):
+        if isinstance(item, dict):
+            for verb, args in item.items():
+                out.append((("ops", i, verb), args))
+    return out
 
 
 def parse_size(text: int | str) -> int:
@@ -396,7 +422,8 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
         if path is not None and not os.path.isabs(path):
             path = os.path.normpath(os.path.join(os.path.dirname(node.doc.file), path))
         sources[name] = SourceSpec(name=name, where=node.where(), repo=v.get("repo"),
-                                   revision=v.get("revision"), path=path, fetch=v.get("fetch", "auto"))
+                                   revision=v.get("revision"), path=path, fetch=v.get("fetch", "auto"),
+                                   config_file=v.get("config", "config.json"))
     vocab = {}
     for name, node in m.named["vocab"].items():
         v = node.value
@@ -411,6 +438,15 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
     tensors = []
     for index, node in enumerate(m.tensors):
         v = node.value
+        if "key" in v:
+            parsed = parse_template_rule(v, node.where)
+            assert parsed.key is not None
+            tensors.append(TensorRule(
+                index=index, where=node.where(), match=v["key"], skip=v.get("skip"),
+                pattern=KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")),
+                cast=v.get("cast"), optional=v.get("optional", False), template=parsed.key, to=parsed.to,
+                ops=parsed.steps, tie=v.get("tie")))
+            continue
         permute = v.get("permute_rows")
         missing = v.get("missing_rows")
         tensors.append(TensorRule(
@@ -420,7 +456,7 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
             permute_rows=PermuteRows(permute["from"], permute["to"], node.where("permute_rows"))
             if permute else None,
             missing_rows=_missing(missing, node.where("missing_rows")) if missing else None,
-            cast=v.get("cast"), optional=v.get("optional", False)))
+            cast=v.get("cast"), optional=v.get("optional", False), tie=v.get("tie")))
     add = {}
     for key, node in m.named["add"].items():
         v = node.value

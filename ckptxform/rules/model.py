@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .file_rules import FileRule
 from .key_pattern import KeyPattern
+from .templates import Template
 from .yaml_source import Where
+
+if TYPE_CHECKING:
+    from ..ops.base import Step
 
 Encoding = Literal["offset", "absolute"]
 
@@ -22,6 +26,8 @@ class SourceSpec:
     revision: str | None = None
     path: str | None = None
     fetch: Literal["auto", "ranges", "download"] = "auto"
+    #: the source's config file (Meta/Mistral consolidated checkpoints: params.json)
+    config_file: str = "config.json"
     #: a location given with ``--source NAME=LOC`` (relative to the working directory)
     override: str | None = None
 
@@ -74,7 +80,10 @@ class PermuteRows:
 
 @dataclass(frozen=True)
 class TensorRule:
-    """One entry of ``tensors``: a key pattern and what happens to the tensors it matches."""
+    """One entry of ``tensors``: a key pattern and what happens to the tensors it matches.
+
+    A rule written with ``key`` (a template) has ``template`` set, its ``pattern`` is the
+    template's regex, and ``to``/``ops`` say which outputs its groups make."""
 
     index: int
     where: Where
@@ -86,6 +95,10 @@ class TensorRule:
     missing_rows: MissingRows | None = None
     cast: str | None = None
     optional: bool = False
+    template: Template | None = None
+    to: tuple[Template, ...] = ()
+    ops: tuple[Step, ...] = ()
+    tie: str | None = None
 
     @property
     def label(self) -> str:
@@ -95,8 +108,10 @@ class TensorRule:
     def output_key(self, key: str) -> str | None:
         """The output key for a matching source ``key`` (None when skipped or not matched)."""
         m = self.pattern.fullmatch(key)
-        if m is None or self.skip is not None:
+        if m is None or self.skip is not None or self.tie is not None:
             return None
+        if self.template is not None:
+            return self.to[0].expand(m.groupdict()) if not self.ops and len(self.to) == 1 else None
         return m.expand(self.rename) if self.rename is not None else key
 
 

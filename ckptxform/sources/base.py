@@ -52,8 +52,9 @@ class Checkpoint(ABC):
     commit: str | None = None
 
     @abstractmethod
-    def config(self) -> dict[str, Any] | None:
-        """The checkpoint's ``config.json``, or None when it has none."""
+    def config(self, name: str = "config.json") -> dict[str, Any] | None:
+        """The checkpoint's config file ``name`` (``params.json`` of a Meta/Mistral
+        consolidated checkpoint), or None when it has none."""
 
     @abstractmethod
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:

@@ -152,8 +152,11 @@ class HubCheckpoint(Checkpoint):
         self._fds: dict[str, int] = {}
 
     # -- the Checkpoint contract -----------------------------------------------------
-    def config(self) -> dict[str, Any] | None:
-        return self._config
+    def config(self, name: str = CONFIG) -> dict[str, Any] | None:
+        if name == CONFIG:
+            return self._config
+        found = self._small_file(name)
+        return _load_json(found, self._label(name)) if found is not None else None
 
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         length = self._checked_range(info, start, length)

@@ -107,8 +107,8 @@ class LocalCheckpoint(Checkpoint):
         self._lock = threading.Lock()
         self._closed = False
 
-    def config(self) -> dict[str, Any] | None:
-        path = self.root / CONFIG
+    def config(self, name: str = CONFIG) -> dict[str, Any] | None:
+        path = self.root / name
         if not path.exists():
             return None
         _check_inside(path, self.root)

@@ -1,0 +1,149 @@
+"""GatherRows: an output whose rows are a source tensor's rows reordered by two vocabulary
+maps (``permute_rows``), the rows of tokens the source lacks filled per ``missing_rows``.
+
+Rows are read a bounded block at a time, each run of adjacent rows straight into place;
+only the ``mean`` and ``normal`` fills and a cast of borrowed rows decode values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PlanError, printable
+from ..ops.decode import cast_bytes, tensor_bytes
+from ..rules.model import MissingRows
+from .recipes import CHUNK_BYTES, Chunk, Recipe, Sources, TensorRef
+
+
+@dataclass(frozen=True)
+class GatherRows(Recipe):
+    """Output row ``j`` is row ``rows[j]`` of ``source``'s ``key``; where ``rows[j]`` is -1
+    the row is filled by ``fill`` for target token ``targets[j]``."""
+
+    source: str
+    key: str
+    rows: tuple[int, ...]
+    targets: tuple[int, ...]
+    fill: MissingRows | None = None
+
+    @property
+    def rows_from_source(self) -> int:
+        return len(self.rows) - self.rows.count(-1)
+
+    @property
+    def rows_filled(self) -> int:
+        return len(self.rows) - self.rows_from_source
+
+    @property
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return (TensorRef(self.source, self.key),)
+
+    def origin(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "key": self.key, "rows_from_source": self.rows_from_source,
+                               "rows_filled": self.rows_filled}
+        if self.fill is not None and self.rows_filled:
+            out["fill"] = (f"{self.fill.rows_of}:{self.fill.tensor}" if self.fill.init == "rows_of"
+                           else self.fill.init)
+        return out
+
+    def describe(self) -> str:
+        return f"{self.source}:{printable(self.key)} (permuted)"
+
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        ckpt = plan.checkpoints[self.source]
+        info = ckpt.tensors[self.key]
+        width = info.row_nbytes
+        fill = _Filler(self, plan, info.dtype, info.shape[1:], width)
+        block = max(1, CHUNK_BYTES // max(1, width))
+        for first in range(0, len(self.rows), block):
+            rows = self.rows[first:first + block]
+            targets = self.targets[first:first + block]
+            buf = bytearray(len(rows) * width)
+            _place_runs(buf, width, ckpt, info, [(j, row) for j, row in enumerate(rows) if row >= 0])
+            fill.place(buf, [(j, target) for j, (row, target) in enumerate(zip(rows, targets)) if row < 0])
+            yield memoryview(buf).toreadonly()  # never refilled: the writer may hash it after write returns
+
+
+def _place_runs(buf: bytearray, width: int, ckpt: Any, info: Any, pairs: list[tuple[int, int]],
+                cast: tuple[str, str] | None = None) -> None:
+    """Copy row ``row`` of ``info`` to row ``pos`` of ``buf`` for each ``(pos, row)``: one read
+    and one copy per run of rows adjacent on both sides (in a vocabulary alignment most
+    are), not one per row."""
+    runs: list[list[int]] = []  # [pos, row, count]
+    for pos, row in pairs:
+        if runs and runs[-1][0] + runs[-1][2] == pos and runs[-1][1] + runs[-1][2] == row:
+            runs[-1][2] += 1
+        else:
+            runs.append([pos, row, 1])
+    spans = [(row, count) for _, row, count in runs]
+    if cast is None:
+        ckpt.read_runs_into(info, spans, memoryview(buf), [pos for pos, _, _ in runs])
+        return
+    for (pos, _, count), blob in zip(runs, ckpt.read_runs(info, spans), strict=True):
+        buf[pos * width:(pos + count) * width] = cast_bytes(blob, *cast)
+
+
+class _Filler:
+    """Rows for target tokens the source vocabulary lacks, per ``missing_rows``."""
+
+    def __init__(self, recipe: GatherRows, plan: Sources, dtype: str, row_shape: tuple[int, ...], width: int):
+        self.recipe, self.plan, self.dtype, self.row_shape, self.width = recipe, plan, dtype, row_shape, width
+        self._generator: Any = None
+        self._mean: bytes | None = None
+
+    def place(self, buf: bytearray, missing: list[tuple[int, int]]) -> None:
+        """Fill row ``pos`` of ``buf`` for each ``(pos, target token id)`` in ``missing``."""
+        if not missing:
+            return
+        spec = self.recipe.fill
+        if spec is None:
+            raise PlanError(f"{self.recipe.key!r}: rows are missing and no missing_rows was given")
+        width = self.width
+        if spec.init == "rows_of":
+            assert spec.rows_of is not None and spec.tensor is not None
+            ckpt = self.plan.checkpoints[spec.rows_of]
+            info = ckpt.tensors[spec.tensor]
+            cast = (info.dtype, self.dtype) if info.dtype != self.dtype else None
+            _place_runs(buf, width, ckpt, info, missing, cast)
+        elif spec.init == "zeros":
+            pass  # a new buffer is zeros already
+        elif spec.init == "mean":
+            if self._mean is None:
+                self._mean = self._mean_row()
+            for pos, _ in missing:
+                buf[pos * width:(pos + 1) * width] = self._mean
+        else:
+            raw = self._normal(len(missing), spec.std, spec.seed)
+            for i, (pos, _) in enumerate(missing):
+                buf[pos * width:(pos + 1) * width] = raw[i * width:(i + 1) * width]
+
+    def _mean_row(self) -> bytes:
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        ckpt = self.plan.checkpoints[self.recipe.source]
+        info = ckpt.tensors[self.recipe.key]
+        present = sorted({r for r in self.recipe.rows if r >= 0})
+        total = torch.zeros(self.row_shape, dtype=torch.float64)
+        block = max(1, CHUNK_BYTES // max(1, self.width))
+        for i in range(0, len(present), block):
+            chunk = ckpt.read_rows(info, present[i:i + block])
+            for raw in chunk.values():
+                # summed in float64: torch does not promote float8 rows
+                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(
+                    self.row_shape).to(torch.float64)
+        mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
+        return tensor_bytes(mean)
+
+    def _normal(self, count: int, std: float, seed: int) -> bytes:
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(seed)
+        values = torch.randn((count, *self.row_shape), generator=self._generator, dtype=torch.float32) * std
+        return tensor_bytes(values.to(torch_dtype(self.dtype)))

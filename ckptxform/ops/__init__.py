@@ -1,0 +1,38 @@
+"""The ops of a rule's ``ops:`` chain, one definition each, registered by verb.
+
+Adding a verb: write its ``OpDef`` (schema, kind, shape rule, inverse, wording, and for a
+block op its ``blocks`` program) in a module of this package and list it in ``OPS``; the
+loader, planner, executor, ``invert`` and the audit take it from here. The schema file
+holds the same fragments for editors (tests/test_ops_registry.py keeps them in step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
+from .layout import Concat, ResizeRows, RopePermute, RopeUnpermute, Split, Stack, Unstack
+from .transpose import Transpose
+
+OPS: dict[str, OpDef] = {op.verb: op for op in (
+    Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), ResizeRows(),
+)}
+
+
+def register(op: OpDef) -> OpDef:
+    """Add ``op`` to the registry (for ops defined outside this package)."""
+    if op.verb in OPS and OPS[op.verb] is not op:
+        raise ValueError(f"op {op.verb!r} is registered already")
+    OPS[op.verb] = op
+    return op
+
+
+def ops_schema() -> dict[str, Any]:
+    """The JSON Schema of one item of ``ops:`` (a one-key mapping), from the registry."""
+    return {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+            "description": "One op: a one-key mapping from its verb to its arguments.",
+            "properties": {verb: {**op.schema, "description": op.description} for verb, op in sorted(OPS.items())}}
+
+
+__all__ = ["OPS", "Block", "BlockOp", "Context", "NoInverse", "OpDef", "Run", "Step", "Value", "View",
+           "ops_schema", "register"]

@@ -1,0 +1,210 @@
+"""What an op of a rule's ``ops:`` chain is, and the values it works on at plan time.
+
+An op is ONE definition (an ``OpDef`` subclass in this package, registered by its verb):
+the JSON Schema fragment of its arguments, its kind (``map``: one tensor to one;
+``reduce``: a group over a template variable to one; ``split``: one to a group), its
+shape rule, its inverse and its audit wording. Its program is part of it too: a layout
+op rewrites a ``View`` (which byte runs of which inputs make the tensor), so the executor
+streams byte runs and never decodes; a block op returns a ``Block``, whose ``blocks``
+decode a bounded slice of the inputs at a time.
+"""
+
+from __future__ import annotations
+
+import bisect
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from math import prod
+from typing import Any, ClassVar, Literal
+
+from ..dtypes import DTYPE_SIZES
+from ..errors import PlanError
+from ..rules.yaml_source import Where
+
+
+@dataclass(frozen=True)
+class Run:
+    """Bytes ``[start, start + length)`` of input ``input`` of the group (-1: zero bytes)."""
+
+    input: int
+    start: int
+    length: int
+
+
+def join_runs(pieces: Sequence[Sequence[Run]] | Iterator[Sequence[Run]]) -> tuple[Run, ...]:
+    """The runs one after another, adjacent runs of one input merged."""
+    out: list[Run] = []
+    for piece in pieces:
+        for run in piece:
+            if run.length == 0:
+                continue
+            last = out[-1] if out else None
+            if last is not None and last.input == run.input and (run.input < 0 or last.start + last.length == run.start):
+                out[-1] = Run(last.input, last.start, last.length + run.length)
+            else:
+                out.append(run)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class View:
+    """A tensor as byte runs of the group's inputs, in order: nothing read yet."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    runs: tuple[Run, ...]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return prod(self.shape) * self.itemsize
+
+    @cached_property
+    def _starts(self) -> list[int]:
+        starts, pos = [], 0
+        for run in self.runs:
+            starts.append(pos)
+            pos += run.length
+        return starts
+
+    def slice(self, start: int, length: int) -> list[Run]:
+        """The runs making bytes ``[start, start + length)`` of this tensor."""
+        out: list[Run] = []
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        end = start + length
+        while start < end and i < len(self.runs):
+            run, begin = self.runs[i], self._starts[i]
+            lo, hi = max(start, begin), min(end, begin + run.length)
+            if lo < hi:
+                out.append(Run(run.input, run.start + lo - begin if run.input >= 0 else 0, hi - lo))
+                start = hi
+            i += 1
+        return out
+
+    def rows(self, order: Sequence[int], shape: tuple[int, ...] | None = None) -> View:
+        """Row ``j`` of the result is row ``order[j]`` of this tensor (any row permutation)."""
+        width = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+        return View(shape or (len(order), *self.shape[1:]), self.dtype,
+                    join_runs(self.slice(r * width, width) for r in order))
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """What a block program reads: one input of the group, as a ``View``."""
+
+    view: View
+    read: Callable[[int, int], bytes]  # (start, length) -> bytes of the view
+
+
+@dataclass(frozen=True)
+class Block:
+    """A tensor made by a block op from views of the group's inputs; decoded a bounded
+    block at a time when written."""
+
+    op: BlockOp
+    args: dict[str, Any]
+    inputs: tuple[View, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+Value = View | Block
+
+
+class Context(ABC):
+    """What an op's shape rule may ask of the planner: integers from expressions, and
+    where it is (every error names the rule's FILE:LINE)."""
+
+    label: str
+
+    @abstractmethod
+    def integer(self, value: Any, what: str) -> int:
+        """``value`` (an int or a ``${...}``) as an integer; ``what`` names it in errors."""
+
+    def error(self, message: str, key: str | None = None) -> PlanError:
+        return PlanError(f"{self.label}: {message}", key=key)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One op of a rule's chain as written: its verb, raw arguments and place."""
+
+    op: OpDef
+    args: Any
+    where: Where
+
+    @property
+    def verb(self) -> str:
+        return self.op.verb
+
+    @property
+    def variable(self) -> str | None:
+        return self.op.variable(self.args)
+
+
+@dataclass(frozen=True)
+class OpDef(ABC):
+    """The definition of one verb of ``ops:`` (a dataclass without fields: it is plain data
+    where a plan is digested, named by its type)."""
+
+    verb: ClassVar[str]
+    kind: ClassVar[Literal["map", "reduce", "split"]] = "map"
+    #: True for ops that decode values (they must end the chain)
+    decodes: ClassVar[bool] = False
+    #: JSON Schema of the verb's argument
+    schema: ClassVar[dict[str, Any]]
+    description: ClassVar[str]
+
+    def variable(self, args: Any) -> str | None:
+        """The template variable a reduce op reduces (``over``) or a split op makes (``into``)."""
+        if self.kind == "map":
+            return None
+        value = args.get("over" if self.kind == "reduce" else "into")
+        return value if isinstance(value, str) else None
+
+    def expected(self, args: Any, ctx: Context) -> list[str] | None:
+        """Reduce ops: the values the variable must take in a complete group, when the op knows."""
+        return None
+
+    def map(self, args: Any, ctx: Context, value: View) -> Value:
+        raise NotImplementedError(self.verb)
+
+    def reduce(self, args: Any, ctx: Context, members: list[tuple[str, View]]) -> Value:
+        raise NotImplementedError(self.verb)
+
+    def split(self, args: Any, ctx: Context, value: View, names: tuple[str, ...] | None) -> list[tuple[str, Value]]:
+        raise NotImplementedError(self.verb)
+
+    @abstractmethod
+    def inverse(self, args: Any) -> tuple[str, Any]:
+        """``(verb, args)`` of the op undoing this one; raise ``NoInverse`` when there is none."""
+
+    def describe(self, args: Any) -> str:
+        """The op as the audit's ``written`` record names it (``stack over E``)."""
+        if self.kind == "map":
+            return f"{self.verb} {args}" if args not in (None, {}) else self.verb
+        return f"{self.verb} {'over' if self.kind == 'reduce' else 'into'} {self.variable(args)}"
+
+
+class BlockOp(OpDef):
+    """An op that decodes values: its output is written a bounded block at a time."""
+
+    decodes = True
+
+    @abstractmethod
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
+        """The output's bytes in order, each piece made from a bounded read of the inputs."""
+
+
+class NoInverse(Exception):
+    """An op (or a rule) that cannot be undone, and why."""
+
+
+def outer_inner(shape: tuple[int, ...], dim: int, itemsize: int) -> tuple[int, int]:
+    """(count of slices before ``dim``, bytes of one slice from ``dim`` on)."""
+    return prod(shape[:dim]), prod(shape[dim:]) * itemsize

@@ -1,0 +1,239 @@
+"""``${...}``: the one safe integer expression grammar of rule files.
+
+Used by the loader (syntax and reference checks, at validate time), the planner (op
+arguments such as ``count`` or ``sizes``) and the config builder (``config.set``)::
+
+    whole   := expr [' ?? ' JSON]        (the JSON value when a config field is absent)
+    expr    := term (('+' | '-') term)*
+    term    := unary (('*' | '//' | '%') unary)*
+    unary   := '-' unary | atom
+    atom    := INT | REF | '(' expr ')'
+    REF     := config.PATH | shape.KEY[INT] | vocab.NAME.draft_size | vocab.NAME.vocab_size
+             | source.NAME.repo | source.NAME.revision | source.NAME.location | output.dtype
+
+No names are looked up in Python, nothing is ``eval``-ed: a reference is resolved by the
+caller's function. An expression that is one reference yields the referenced value as it
+is (a string, a mapping); arithmetic takes integers only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_WHOLE = re.compile(r"^\$\{(.*)\}$", re.DOTALL)
+_TOKEN = re.compile(r"\s*(?:(?P<int>[0-9]+)|(?P<op>//|[-+*%()])|(?P<ref>[A-Za-z_][^\s+*%()\-/]*(?:\[[0-9]+\])?))")
+_SHAPE = re.compile(r"^shape\.(?P<key>.+)\[(?P<dim>[0-9]+)\]$")
+_MAX_DIGITS = 19  # integers of a rule file stay within 64 bits
+
+REFERENCE_FORMS = ("${config.PATH}, ${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, "
+                   "${source.NAME.repo} or ${output.dtype}")
+
+
+class ExpressionError(ValueError):
+    """A malformed expression; ``col`` is the 0-based position in the ``${...}`` body."""
+
+    def __init__(self, message: str, col: int = 0) -> None:
+        super().__init__(message)
+        self.col = col
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference: ``kind`` is config, shape, vocab, source or output."""
+
+    kind: str
+    path: tuple[str, ...]
+    dim: int | None = None
+
+    def text(self) -> str:
+        body = ".".join((self.kind, *self.path))
+        return body + (f"[{self.dim}]" if self.dim is not None else "")
+
+
+@dataclass(frozen=True)
+class Num:
+    value: int
+
+
+@dataclass(frozen=True)
+class Neg:
+    operand: Node
+
+
+@dataclass(frozen=True)
+class BinOp:
+    op: str
+    left: Node
+    right: Node
+
+
+Node = Num | Ref | Neg | BinOp
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A parsed ``${...}``; ``evaluate`` resolves its references with the caller's function."""
+
+    text: str
+    root: Node
+    #: ``${config.flag ?? false}``: the value used when a config field is absent
+    default: Any = None
+    has_default: bool = False
+
+    def refs(self) -> list[Ref]:
+        out: list[Ref] = []
+
+        def walk(node: Node) -> None:
+            if isinstance(node, Ref):
+                out.append(node)
+            elif isinstance(node, Neg):
+                walk(node.operand)
+            elif isinstance(node, BinOp):
+                walk(node.left)
+                walk(node.right)
+        walk(self.root)
+        return out
+
+    def evaluate(self, resolve: Callable[[Ref], Any]) -> Any:
+        """The value; raises ``ExpressionError`` when arithmetic meets a non-integer or a
+        division by zero (``resolve`` raises its own errors for missing references)."""
+        if isinstance(self.root, Ref):
+            return resolve(self.root)
+        return _integer(self.root, resolve, self.text)
+
+
+def is_expression(value: Any) -> bool:
+    """True for a YAML string that is exactly one ``${...}``."""
+    return isinstance(value, str) and _WHOLE.match(value) is not None
+
+
+def parse_expression(value: str) -> Expression:
+    """Parse ``'${config.n_heads * 2}'``; ``ExpressionError`` says what is wrong and where."""
+    whole = _WHOLE.match(value)
+    if whole is None:
+        raise ExpressionError(f"{value!r} is not one '${{...}}' expression")
+    body, has_default, default_text = whole.group(1).partition(" ?? ")
+    default = None
+    if has_default:
+        try:
+            default = json.loads(default_text)
+        except ValueError:
+            raise ExpressionError(f"{value!r}: the default after ' ?? ' must be a JSON value "
+                                  "(true, false, a number, \"text\", null)", len(body) + 4) from None
+    tokens = _tokenize(body)
+    parser = _Parser(tokens, body)
+    root = parser.expr()
+    if parser.pos < len(tokens):
+        kind, text, col = tokens[parser.pos]
+        raise ExpressionError(f"unexpected {text!r} in {value!r}", col)
+    return Expression(value, root, default, bool(has_default))
+
+
+def _tokenize(body: str) -> list[tuple[str, str, int]]:
+    tokens = []
+    pos = 0
+    while pos < len(body):
+        if body[pos:].strip() == "":
+            break
+        m = _TOKEN.match(body, pos)
+        if m is None or m.end() == pos:
+            col = pos + len(body[pos:]) - len(body[pos:].lstrip())
+            raise ExpressionError(f"unexpected {body[col]!r} in '${{{body}}}'", col)
+        kind = m.lastgroup
+        assert kind is not None
+        tokens.append((kind, m.group(kind), m.start(kind)))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, tokens: list[tuple[str, str, int]], body: str) -> None:
+        self.tokens, self.body, self.pos = tokens, body, 0
+
+    def _peek(self) -> tuple[str, str, int] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _binary(self, ops: tuple[str, ...], operand: Callable[[], Node]) -> Node:
+        node = operand()
+        while (tok := self._peek()) is not None and tok[0] == "op" and tok[1] in ops:
+            self.pos += 1
+            node = BinOp(tok[1], node, operand())
+        return node
+
+    def expr(self) -> Node:
+        return self._binary(("+", "-"), self.term)
+
+    def term(self) -> Node:
+        return self._binary(("*", "//", "%"), self.unary)
+
+    def unary(self) -> Node:
+        tok = self._peek()
+        if tok is not None and tok[1] == "-":
+            self.pos += 1
+            return Neg(self.unary())
+        return self.atom()
+
+    def atom(self) -> Node:
+        tok = self._peek()
+        if tok is None:
+            raise ExpressionError(f"'${{{self.body}}}' ends where a number or a reference is expected",
+                                  len(self.body))
+        kind, text, col = tok
+        self.pos += 1
+        if kind == "int":
+            if len(text.lstrip("0")) > _MAX_DIGITS:
+                raise ExpressionError(f"integer {text[:20]}... in '${{{self.body}}}' has more than 64 bits", col)
+            return Num(int(text))
+        if kind == "ref":
+            return _reference(text, col)
+        if text == "(":
+            node = self.expr()
+            close = self._peek()
+            if close is None or close[1] != ")":
+                raise ExpressionError(f"'(' at column {col + 1} of '${{{self.body}}}' is never closed", col)
+            self.pos += 1
+            return node
+        raise ExpressionError(f"unexpected {text!r} in '${{{self.body}}}'", col)
+
+
+def _reference(text: str, col: int) -> Ref:
+    head, _, rest = text.partition(".")
+    shape = _SHAPE.match(text)
+    if shape is not None:
+        return Ref("shape", (shape.group("key"),), int(shape.group("dim")))
+    parts = tuple(rest.split(".")) if rest else ()
+    if head == "config" and parts and all(parts):
+        return Ref("config", parts)
+    if head == "vocab" and len(parts) == 2 and parts[1] in ("draft_size", "vocab_size"):
+        return Ref("vocab", parts)
+    if head == "source" and len(parts) == 2 and parts[1] in ("repo", "revision", "location"):
+        return Ref("source", parts)
+    if text == "output.dtype":
+        return Ref("output", ("dtype",))
+    raise ExpressionError(f"unknown reference {text!r}; use {REFERENCE_FORMS}", col)
+
+
+def _integer(node: Node, resolve: Callable[[Ref], Any], text: str) -> int:
+    if isinstance(node, Num):
+        return node.value
+    if isinstance(node, Ref):
+        value = resolve(node)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ExpressionError(f"{text}: {node.text()} is {value!r}, not an integer")
+        return value
+    if isinstance(node, Neg):
+        return -_integer(node.operand, resolve, text)
+    left, right = _integer(node.left, resolve, text), _integer(node.right, resolve, text)
+    if node.op == "+":
+        return left + right
+    if node.op == "-":
+        return left - right
+    if node.op == "*":
+        return left * right
+    if right == 0:
+        raise ExpressionError(f"{text}: division by zero")
+    return left // right if node.op == "//" else left % right

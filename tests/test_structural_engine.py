@@ -1,0 +1,302 @@
+"""Structural ops through the engine on hand-built safetensors files.
+
+Each case writes a small checkpoint with torch, runs the real ``apply`` with a ``key:``
+rule, and compares every output tensor with the same op written in torch here (the
+semantics of shared/structural-ops.md): stack, concat (inner dims too), unequal split,
+unstack, transpose, the RoPE permute (GQA) and its inverse, resize, untie and tie.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import read_audit, read_output, same_bits
+from safetensors.torch import save_file
+
+from ckptxform import api
+from ckptxform.errors import PlanError, RequirementError
+
+
+def write_model(path: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None = None,
+                config_name: str = "config.json") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path / "model.safetensors")
+    if config is not None:
+        (path / config_name).write_text(json.dumps(config))
+    return path
+
+
+def rule_file(tmp_path: Path, body: str, name: str = "rules.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text("version: 1\nsources:\n  model: {path: src}\nconvert: model\n" + textwrap.dedent(body))
+    return path
+
+
+def run(tmp_path: Path, rule: Path) -> dict[str, torch.Tensor]:
+    out = tmp_path / "out"
+    api.apply(rule, out=out, sources={"model": str(tmp_path / "src")}, progress=False, force=True)
+    return read_output(out)
+
+
+def rand(*shape: int, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape, key
+        assert same_bits(got[key], value), key
+
+
+MIXTRAL_RULE = """\
+tensors:
+  - key: 'model.layers.{L}.block_sparse_moe.experts.{E}.{P:w1,w3}.weight'
+    to: 'model.layers.{L}.mlp.experts.gate_up_proj'
+    ops:
+      - stack: {over: E, count: '${config.num_local_experts}'}
+      - concat: {over: P, dim: 1}
+  - key: 'model.layers.{L}.block_sparse_moe.experts.{E}.w2.weight'
+    to: 'model.layers.{L}.mlp.experts.down_proj'
+    ops: [{stack: {over: E, count: '${config.num_local_experts}'}}]
+  - key: 'model.layers.{L}.block_sparse_moe.gate.weight'
+    to: 'model.layers.{L}.mlp.gate.weight'
+  - match: '.+'
+"""
+
+
+def mixtral_legacy(experts: int, layers: int = 2, inter: int = 6, hidden: int = 5) -> dict[str, torch.Tensor]:
+    out = {"model.embed_tokens.weight": rand(11, hidden, seed=99)}
+    for layer in range(layers):
+        base = f"model.layers.{layer}.block_sparse_moe"
+        out[f"{base}.gate.weight"] = rand(experts, hidden, seed=layer)
+        for e in range(experts):
+            for i, (name, shape) in enumerate((("w1", (inter, hidden)), ("w2", (hidden, inter)),
+                                               ("w3", (inter, hidden)))):
+                out[f"{base}.experts.{e}.{name}.weight"] = rand(*shape, seed=1000 * layer + 10 * e + i)
+    return out
+
+
+def test_mixtral_stack_and_concat_in_natural_order(tmp_path: Path) -> None:
+    experts = 11  # expert 10 must come after 9, not after 1
+    src = mixtral_legacy(experts)
+    write_model(tmp_path / "src", src, {"num_local_experts": experts})
+    got = run(tmp_path, rule_file(tmp_path, MIXTRAL_RULE))
+    want = {"model.embed_tokens.weight": src["model.embed_tokens.weight"]}
+    for layer in range(2):
+        base = f"model.layers.{layer}.block_sparse_moe"
+        e = range(experts)
+        gate = torch.stack([src[f"{base}.experts.{i}.w1.weight"] for i in e])
+        up = torch.stack([src[f"{base}.experts.{i}.w3.weight"] for i in e])
+        want[f"model.layers.{layer}.mlp.experts.gate_up_proj"] = torch.cat([gate, up], dim=1)
+        want[f"model.layers.{layer}.mlp.experts.down_proj"] = torch.stack(
+            [src[f"{base}.experts.{i}.w2.weight"] for i in e])
+        want[f"model.layers.{layer}.mlp.gate.weight"] = src[f"{base}.gate.weight"]
+    assert_same(got, want)
+    events = read_audit(tmp_path / "out")
+    written = {e["key"]: e for e in events if e["event"] == "written"}
+    origin = written["model.layers.1.mlp.experts.gate_up_proj"]["from"]
+    assert len(origin["inputs"]) == 2 * experts
+    assert origin["inputs"][0] == {"source": "model", "key": "model.layers.1.block_sparse_moe.experts.0.w1.weight"}
+    # in the order the output reads them: concat along dim 1 puts gate_e, up_e for each e
+    assert origin["inputs"][1] == {"source": "model", "key": "model.layers.1.block_sparse_moe.experts.0.w3.weight"}
+    assert origin["inputs"][-1] == {"source": "model", "key": "model.layers.1.block_sparse_moe.experts.10.w3.weight"}
+    assert origin["ops"] == ["stack over E", "concat over P"]
+    records = {e["key"]: e for e in events if e["event"] == "tensor"}
+    w3 = records["model.layers.0.block_sparse_moe.experts.10.w3.weight"]
+    assert (w3["action"], w3["target"]) == ("transformed", "model.layers.0.mlp.experts.gate_up_proj")
+
+
+def test_missing_expert_is_a_plan_error_naming_the_key_and_line(tmp_path: Path) -> None:
+    src = mixtral_legacy(4)
+    del src["model.layers.1.block_sparse_moe.experts.2.w3.weight"]
+    write_model(tmp_path / "src", src, {"num_local_experts": 4})
+    rule = rule_file(tmp_path, MIXTRAL_RULE)
+    with pytest.raises(PlanError) as err:
+        run(tmp_path, rule)
+    assert str(err.value) == (
+        f"tensors[0].ops[0] stack ({rule}:9): incomplete group: "
+        "'model.layers.1.block_sparse_moe.experts.2.w3.weight' is missing; stack over {E} needs 0, 1, 2, 3")
+    assert not (tmp_path / "out").exists()
+
+
+def test_absent_config_field_is_a_plan_error(tmp_path: Path) -> None:
+    write_model(tmp_path / "src", mixtral_legacy(2), {"hidden_size": 5})
+    rule = rule_file(tmp_path, MIXTRAL_RULE)
+    with pytest.raises(PlanError) as err:
+        run(tmp_path, rule)
+    assert str(err.value) == (
+        f"tensors[0].ops[0] stack ({rule}:9): stack.count: ${{config.num_local_experts}}: the config.json of "
+        f"source 'model' ({tmp_path / 'src'}) has no field 'num_local_experts'; add it there, or write the "
+        "value in the rule file")
+
+
+QKV_RULE = """\
+tensors:
+  - key: 'layers.{L}.qkv_proj.weight'
+    to: 'layers.{L}.{P:q,k,v}_proj.weight'
+    ops:
+      - split:
+          into: P
+          dim: 0
+          sizes: ['${config.num_attention_heads * config.head_dim}',
+                  '${config.num_key_value_heads * config.head_dim}',
+                  '${config.num_key_value_heads * config.head_dim}']
+"""
+
+
+def test_unequal_gqa_split_and_its_fusion_back(tmp_path: Path) -> None:
+    heads, kv, hd, hidden = 5, 1, 4, 7
+    qkv = rand((heads + 2 * kv) * hd, hidden, seed=3)
+    write_model(tmp_path / "src", {"layers.0.qkv_proj.weight": qkv},
+                {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd})
+    got = run(tmp_path, rule_file(tmp_path, QKV_RULE))
+    q, k, v = torch.split(qkv, [heads * hd, kv * hd, kv * hd])
+    assert_same(got, {"layers.0.q_proj.weight": q, "layers.0.k_proj.weight": k, "layers.0.v_proj.weight": v})
+    rows = tmp_path / "bad"
+    rows.mkdir()
+    write_model(tmp_path / "src", {"layers.0.qkv_proj.weight": rand(30, hidden)},
+                {"num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd})
+    rule = rule_file(tmp_path, QKV_RULE)
+    with pytest.raises(PlanError) as err:
+        run(tmp_path, rule)
+    assert str(err.value) == (f"tensors[0].ops[0] split ({rule}:9): split into P: sizes [20, 4, 4] add up to "
+                              "28 but dim 0 of the tensor (shape [30, 7]) is 30")
+
+
+def test_inner_dim_concat_and_split(tmp_path: Path) -> None:
+    a, b = rand(3, 4, 2, seed=1), rand(3, 5, 2, seed=2)
+    write_model(tmp_path / "src", {"x.a": a, "x.b": b})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'x.{P:a,b}'
+            to: 'y'
+            ops: [{concat: {over: P, dim: 1, sizes: [4, 5]}}]
+        """))
+    assert_same(got, {"y": torch.cat([a, b], dim=1)})
+    write_model(tmp_path / "src", {"y": got["y"]})
+    back = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'y'
+            to: 'x.{P:a,b}'
+            ops: [{split: {into: P, dim: -2, sizes: [4, 5]}}]
+        """))
+    assert_same(back, {"x.a": a, "x.b": b})
+
+
+def test_unstack_keeps_size_one_dims(tmp_path: Path) -> None:
+    fused = rand(3, 1, 4, seed=5)
+    write_model(tmp_path / "src", {"e.w": fused})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'e.w'
+            to: 'e.{E}.w'
+            ops: [{unstack: {into: E}}]
+        """))
+    assert_same(got, {f"e.{i}.w": fused[i] for i in range(3)})
+    assert got["e.0.w"].shape == (1, 4)
+
+
+def test_transpose_in_place_and_after_a_split(tmp_path: Path) -> None:
+    c_attn, c_fc = rand(6, 3 * 4, seed=7, dtype=torch.float32), rand(2, 3, 6, seed=8)
+    write_model(tmp_path / "src", {"h.0.attn.c_attn.weight": c_attn, "h.0.mlp.c_fc.weight": c_fc})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'h.{N}.attn.c_attn.weight'
+            to: 'h.{N}.attn.{P:q,k,v}_proj.weight'
+            ops: [{split: {into: P, dim: 1}}, {transpose: [0, 1]}]
+          - key: 'h.{N}.mlp.c_fc.weight'
+            ops: [{transpose: [0, 2]}]
+        """))
+    q, k, v = torch.split(c_attn, 4, dim=1)
+    assert_same(got, {"h.0.attn.q_proj.weight": q.t(), "h.0.attn.k_proj.weight": k.t(),
+                      "h.0.attn.v_proj.weight": v.t(), "h.0.mlp.c_fc.weight": c_fc.transpose(0, 2)})
+
+
+def meta_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """HF's convert_llama_weights_to_hf permute (the reference semantics)."""
+    rows, cols = w.shape
+    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def test_rope_permute_uses_kv_heads_for_k_and_inverts(tmp_path: Path) -> None:
+    heads, kv, hd, dim = 4, 2, 6, 5
+    wq, wk = rand(heads * hd, dim, seed=1), rand(kv * hd, dim, seed=2)
+    write_model(tmp_path / "src", {"layers.0.attention.wq.weight": wq, "layers.0.attention.wk.weight": wk},
+                {"n_heads": heads, "n_kv_heads": kv}, config_name="params.json")
+    rule = tmp_path / "meta.yaml"
+    rule.write_text(textwrap.dedent("""\
+        version: 1
+        sources:
+          model: {path: src, config: params.json}
+        tensors:
+          - key: 'layers.{L}.attention.wq.weight'
+            to: 'model.layers.{L}.self_attn.q_proj.weight'
+            ops: [{rope_permute: {heads: '${config.n_heads}'}}]
+          - key: 'layers.{L}.attention.wk.weight'
+            to: 'model.layers.{L}.self_attn.k_proj.weight'
+            ops: [{rope_permute: {heads: '${config.n_kv_heads}'}}]
+        """))
+    got = run(tmp_path, rule)
+    assert_same(got, {"model.layers.0.self_attn.q_proj.weight": meta_permute(wq, heads),
+                      "model.layers.0.self_attn.k_proj.weight": meta_permute(wk, kv)})
+    write_model(tmp_path / "src", got)
+    back = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'model.layers.{L}.self_attn.q_proj.weight'
+            to: 'layers.{L}.attention.wq.weight'
+            ops: [{rope_unpermute: {heads: 4}}]
+          - key: 'model.layers.{L}.self_attn.k_proj.weight'
+            to: 'layers.{L}.attention.wk.weight'
+            ops: [{rope_unpermute: {heads: 2}}]
+        """))
+    assert_same(back, {"layers.0.attention.wq.weight": wq, "layers.0.attention.wk.weight": wk})
+
+
+def test_resize_rows_pads_with_zeros_and_truncates(tmp_path: Path) -> None:
+    emb = rand(5, 3, seed=4)
+    write_model(tmp_path / "src", {"emb": emb, "head": emb.clone()})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: emb
+            ops: [{resize_rows: {rows: '${shape.emb[0] + 3}'}}]
+          - key: head
+            ops: [{resize_rows: {rows: 2}}]
+        """))
+    assert_same(got, {"emb": torch.cat([emb, torch.zeros(3, 3, dtype=emb.dtype)]), "head": emb[:2]})
+
+
+def test_untie_writes_one_tensor_under_two_names_and_tie_checks_bytes(tmp_path: Path) -> None:
+    emb = rand(7, 4, seed=6)
+    write_model(tmp_path / "src", {"model.embed_tokens.weight": emb})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: model.embed_tokens.weight
+            to: [model.embed_tokens.weight, lm_head.weight]
+        """))
+    assert_same(got, {"model.embed_tokens.weight": emb, "lm_head.weight": emb})
+    records = [e for e in read_audit(tmp_path / "out") if e["event"] == "tensor"]
+    assert records[0]["target"] == ["lm_head.weight", "model.embed_tokens.weight"]
+    tie = """\
+        tensors:
+          - key: lm_head.weight
+            tie: model.embed_tokens.weight
+          - match: '.+'
+        """
+    write_model(tmp_path / "src", got)
+    (tmp_path / "out").rename(tmp_path / "untied")
+    assert_same(run(tmp_path, rule_file(tmp_path, tie)), {"model.embed_tokens.weight": emb})
+    assert [e["action"] for e in read_audit(tmp_path / "out") if e.get("key") == "lm_head.weight"] == ["tied"]
+    write_model(tmp_path / "src", {"model.embed_tokens.weight": emb, "lm_head.weight": emb + 1})
+    rule = rule_file(tmp_path, tie)
+    with pytest.raises(RequirementError) as err:
+        api.apply(rule, out=tmp_path / "out2", sources={"model": str(tmp_path / "src")}, progress=False)
+    assert str(err.value) == (f"tensors[0] ({rule}:6): tie: model:lm_head.weight differs from output "
+                              "'model.embed_tokens.weight' at byte 0; tie only identical tensors (or write "
+                              "both, without tie)")
+    assert not (tmp_path / "out2").exists()
