@@ -311,6 +311,24 @@ def diff(location_a: str, location_b: str, emit_rules: bool, as_json: bool) -> N
 
 
 @main.command()
+@click.argument("rules")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="Write the inverse to this file (default: print it).")
+@_reports_errors
+def invert(rules: str, out: str | None) -> None:
+    """Print the rule file that undoes RULES (checked); exit 2 naming each rule with no inverse."""
+    from .rules.invert import inverse_yaml
+    from .rules.loader import load_rules
+
+    text = inverse_yaml(load_rules(rules), out)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        with open(out, "w", encoding="utf-8") as file:
+            file.write(text)
+
+
+@main.command()
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Where to build the stand-ins and the output (default: a new temporary directory).")
 @click.option("--force", is_flag=True, help="Replace the output of an earlier demo in --out.")

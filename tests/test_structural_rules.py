@@ -61,11 +61,6 @@ GOLDEN = [
          "text between them so that a key splits one way only"],
         id="adjacent-variables"),
     pytest.param(
-        "  - key: 'a.w'\n    ops: [{transpose: [0, 1]}, {rope_permute: {heads: 2}}]\n",
-        ["rules.yaml:6:23: tensors[0].ops[0].transpose: transpose decodes values, so it must be the last op of "
-         "the chain; move the ops after it before it"],
-        id="decoding-op-not-last"),
-    pytest.param(
         "  - key: 'a.w'\n    ops: [{concatt: {over: P, dim: 0}}]\n",
         ["rules.yaml:6:12: tensors[0].ops[0].concatt: unknown key 'concatt'; did you mean 'concat'?"],
         id="unknown-op"),

@@ -8,10 +8,11 @@ index order) and a missing member is a plan error naming the key that is missing
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from math import prod
 from typing import Any
 
+from ..dtypes import DTYPE_SIZES
 from ..errors import PlanError
 from ..ops.base import Block, Context, Run, Step, Value, View
 from ..rules.model import TensorRule
@@ -51,6 +52,7 @@ def plan_template_rule(rule: TensorRule, source: str, members: list[TensorInfo],
     """The outputs of ``rule`` over the source tensors it matched, in key order."""
     key = rule.template
     assert key is not None
+    chain = _Chain(rule, key, refs, list(members))
     items: list[tuple[Binding, Value]] = []
     for i, info in enumerate(members):
         binding = key.match(info.key)
@@ -58,94 +60,122 @@ def plan_template_rule(rule: TensorRule, source: str, members: list[TensorInfo],
         items.append((tuple(sorted(binding.items())), View(info.shape, info.dtype, (Run(i, 0, info.nbytes),))))
     for index, step in enumerate(rule.ops):
         label = f"tensors[{rule.index}].ops[{index}] {step.verb} ({step.where.short})"
-        items = _apply(step, items, refs, label, key, rule)
+        items = chain.apply(step, items, label)
     out = []
     for binding, value in items:
-        bound = dict(binding)
         for target in rule.to:
-            out_key = expand_from(target, key, bound)
-            out.append(_output(out_key, value, source, members, rule))
+            out.append(chain.output(expand_from(target, key, dict(binding)), value, source))
     return sorted(out, key=lambda o: o.key)
 
 
-def _apply(step: Step, items: list[tuple[Binding, Value]], refs: References, label: str, key: Template,
-           rule: TensorRule) -> list[tuple[Binding, Value]]:
-    op, var = step.op, step.variable
-    out: list[tuple[Binding, Value]] = []
-    if op.kind == "map":
+class _Chain:
+    """One rule's op chain. ``space`` is what runs point at: the matched source tensors,
+    then each block op's output that a later op reads."""
+
+    def __init__(self, rule: TensorRule, key: Template, refs: References, members: list[TensorInfo]) -> None:
+        self.rule, self.key, self.refs = rule, key, refs
+        self.space: list[TensorInfo | Block] = list(members)
+
+    def view(self, value: Value) -> View:
+        if isinstance(value, View):
+            return value
+        self.space.append(value)
+        return View(value.shape, value.dtype, (Run(len(self.space) - 1, 0, prod(value.shape) * DTYPE_SIZES[value.dtype]),))
+
+    def apply(self, step: Step, items: list[tuple[Binding, Value]], label: str) -> list[tuple[Binding, Value]]:
+        op, var = step.op, step.variable
+        out: list[tuple[Binding, Value]] = []
+        if op.kind == "map":
+            for binding, value in items:
+                out.append((binding, op.map(step.args, _StepContext(self.refs, label, binding), self.view(value))))
+            return out
+        if op.kind == "split":
+            names = next((t.variables[var].values for t in self.rule.to if var in t.variables), None) if var else None
+            for binding, value in items:
+                ctx = _StepContext(self.refs, label, binding)
+                for name, part in op.split(step.args, ctx, self.view(value), names):
+                    out.append((tuple(sorted((*binding, (var or "", name)))), part))
+            return out
+        assert var is not None
+        groups: dict[Binding, list[tuple[str, View]]] = {}
         for binding, value in items:
-            out.append((binding, op.map(step.args, _StepContext(refs, label, binding), _view(value, label))))
+            bound = dict(binding)
+            member = bound.pop(var)
+            groups.setdefault(tuple(sorted(bound.items())), []).append((member, self.view(value)))
+        for rest, group in sorted(groups.items()):
+            ctx = _StepContext(self.refs, label, rest)
+            order = self._order(step, ctx, rest, var, {m for m, _ in group})
+            by_name = dict(group)
+            out.append((rest, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order])))
         return out
-    if op.kind == "split":
-        names = next((t.variables[var].values for t in rule.to if var in t.variables), None) if var else None
-        for binding, value in items:
-            ctx = _StepContext(refs, label, binding)
-            for name, part in op.split(step.args, ctx, _view(value, label), names):
-                out.append((tuple(sorted((*binding, (var or "", name)))), part))
-        return out
-    assert var is not None
-    groups: dict[Binding, list[tuple[str, View]]] = {}
-    for binding, value in items:
-        bound = dict(binding)
-        member = bound.pop(var)
-        groups.setdefault(tuple(sorted(bound.items())), []).append((member, _view(value, label)))
-    enumerated = key.variables[var].values if var in key.variables else None
-    for rest, group in sorted(groups.items()):
-        ctx = _StepContext(refs, label, rest)
-        expected = enumerated or op.expected(step.args, ctx)
-        present = {m for m, _ in group}
-        order = (list(expected) if expected is not None else
-                 sorted(present, key=natural_key) if not all(m.isdigit() for m in present) else
-                 [str(i) for i in range(max(int(m) for m in present) + 1)])
+
+    def _order(self, step: Step, ctx: _StepContext, rest: Binding, var: str, present: set[str]) -> list[str]:
+        """The members a complete group has, in order; a plan error names one that is missing."""
+        enumerated = self.key.variables[var].values if var in self.key.variables else None
+        expected = enumerated or step.op.expected(step.args, ctx)
+        if expected is not None:
+            order = list(expected)
+        elif all(m.isdigit() for m in present):
+            order = [str(i) for i in range(max(int(m) for m in present) + 1)]
+        else:
+            order = sorted(present, key=natural_key)
+        verb = step.verb
         missing = [m for m in order if m not in present]
         if missing:
-            raise ctx.error(f"incomplete group: {_missing_key(key, dict(rest), var, missing[0])!r} is missing"
+            name = _member_key(self.key, dict(rest), var, missing[0])
+            raise ctx.error(f"incomplete group: {name!r} is missing"
                             + (f" ({len(missing)} members missing)" if len(missing) > 1 else "")
-                            + f"; {op.verb} over {{{var}}} needs {', '.join(order[:8])}"
-                            + ("..." if len(order) > 8 else ""), key=_missing_key(key, dict(rest), var, missing[0]))
+                            + f"; {verb} over {{{var}}} needs {', '.join(order[:8])}"
+                            + ("..." if len(order) > 8 else ""), key=name)
         extra = sorted(present - set(order), key=natural_key)
         if extra:
-            raise ctx.error(f"{_missing_key(key, dict(rest), var, extra[0])!r} is beyond the {len(order)} members "
-                            f"{op.verb} over {{{var}}} expects ({', '.join(order[:8])})")
-        by_name = dict(group)
-        out.append((rest, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order])))
-    return out
+            raise ctx.error(f"{_member_key(self.key, dict(rest), var, extra[0])!r} is beyond the {len(order)} "
+                            f"members {verb} over {{{var}}} expects ({', '.join(order[:8])})")
+        return order
+
+    def output(self, out_key: str, value: Value, source: str) -> PlannedOutput:
+        """The recipe of one output: the inputs it reads (renumbered in reading order)."""
+        used: dict[int, int] = {}
+
+        def visit(view: View) -> None:
+            for run in view.runs:
+                if run.input >= 0 and run.input not in used:
+                    item = self.space[run.input]
+                    if isinstance(item, Block):
+                        for inner in item.inputs:
+                            visit(inner)
+                    used[run.input] = len(used)
+
+        roots = value.inputs if isinstance(value, Block) else (value,)
+        for view in roots:
+            visit(view)
+        if not used and self.space:
+            used[0] = 0
+
+        def remap(view: View) -> View:
+            return View(view.shape, view.dtype,
+                        tuple(Run(used[r.input], r.start, r.length) if r.input >= 0 else r for r in view.runs))
+
+        def program_input(item: TensorInfo | Block) -> TensorRef | Block:
+            if isinstance(item, Block):
+                return Block(item.op, item.args, tuple(remap(v) for v in item.inputs), item.shape, item.dtype)
+            return TensorRef(source, item.key)
+
+        inputs = tuple(program_input(self.space[i]) for i in used)
+        read = tuple(m for i in used if isinstance(m := self.space[i], TensorInfo))
+        steps = tuple(step.op.describe(step.args) for step in self.rule.ops)
+        if isinstance(value, Block):
+            block = program_input(value)
+            assert isinstance(block, Block)
+            return PlannedOutput(out_key, value.shape, value.dtype, BlockProgram(inputs, block, steps), read)
+        view = remap(value)
+        only = self.space[next(iter(used))] if len(used) == 1 else None
+        if isinstance(only, TensorInfo) and view.runs == (Run(0, 0, only.nbytes),) and view.shape == only.shape:
+            return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(source, only.key), read)
+        return PlannedOutput(out_key, view.shape, view.dtype, ByteProgram(inputs, view, steps), read)
 
 
-def _view(value: Value, label: str) -> View:
-    if isinstance(value, Block):  # the loader lets a decoding op only end a chain
-        raise PlanError(f"{label}: follows an op that decodes values; make that op the last")
-    return value
-
-
-def _missing_key(key: Template, bound: dict[str, str], var: str, value: str) -> str:
+def _member_key(key: Template, bound: dict[str, str], var: str, value: str) -> str:
+    """The source key of one member of a group (variables no longer bound shown as ``{X}``)."""
     names = {**bound, var: value}
     return "".join(p if isinstance(p, str) else names.get(p.name, "{" + p.name + "}") for p in key.parts)
-
-
-def _output(out_key: str, value: Value, source: str, members: list[TensorInfo], rule: TensorRule) -> PlannedOutput:
-    runs = value.runs if isinstance(value, View) else tuple(r for v in value.inputs for r in v.runs)
-    used = list(dict.fromkeys(r.input for r in runs if r.input >= 0))  # in the order the output reads them
-    if not used and members:
-        used = [0]
-    remap: Callable[[View], View] = _remapper(used)
-    inputs = tuple(TensorRef(source, members[i].key) for i in used)
-    chain = tuple(step.op.describe(step.args) for step in rule.ops)
-    picked = tuple(members[i] for i in used)
-    if isinstance(value, Block):
-        block = Block(value.op, value.args, tuple(remap(v) for v in value.inputs), value.shape, value.dtype)
-        return PlannedOutput(out_key, value.shape, value.dtype, BlockProgram(inputs, block, chain), picked)
-    view = remap(value)
-    only = picked[0] if len(picked) == 1 else None
-    if only is not None and view.runs == (Run(0, 0, only.nbytes),) and view.shape == only.shape:
-        return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(source, only.key), picked)
-    return PlannedOutput(out_key, view.shape, view.dtype, ByteProgram(inputs, view, chain), picked)
-
-
-def _remapper(used: list[int]) -> Callable[[View], View]:
-    index = {old: new for new, old in enumerate(used)}
-
-    def remap(view: View) -> View:
-        return View(view.shape, view.dtype,
-                    tuple(Run(index[r.input], r.start, r.length) if r.input >= 0 else r for r in view.runs))
-    return remap

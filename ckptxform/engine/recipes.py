@@ -18,10 +18,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..dtypes import nbytes
+from ..dtypes import DTYPE_SIZES, nbytes
 from ..errors import printable
 from ..ops.base import Block, InputTensor, Run, View
 from ..sources.base import Checkpoint, TensorInfo
@@ -91,24 +92,27 @@ class Recipe(ABC):
         return f"{origin['source']}:{printable(origin['key'])}"
 
 
+ProgramInput = TensorRef | Block
+
+
 class ByteRecipe(Recipe):
     """An output that is byte runs of its inputs: streamed, or copied by the kernel."""
 
     @abstractmethod
     def runs(self, plan: Sources) -> tuple[Run, ...]:
-        """The output's bytes as runs of ``inputs`` (input -1: zero bytes)."""
+        """The output's bytes as runs of ``sources()`` (input -1: zero bytes)."""
+
+    def sources(self) -> tuple[ProgramInput, ...]:
+        """What the runs point at: source tensors, or block ops' outputs read by later ops."""
+        return self.inputs
 
     def stream(self, plan: Sources) -> Iterator[Chunk]:
-        infos = [ref.info(plan) for ref in self.inputs]
+        reader = InputReader(self.sources(), plan)
         buf = bytearray()
         for run in self.runs(plan):
             for start in range(0, run.length, CHUNK_BYTES):
                 length = min(CHUNK_BYTES, run.length - start)
-                if run.input < 0:
-                    data: Chunk = bytes(length)
-                else:
-                    ref = self.inputs[run.input]
-                    data = plan.checkpoints[ref.source].read(infos[run.input], run.start + start, length)
+                data = reader.read(run.input, run.start + start, length)
                 if not buf and length == CHUNK_BYTES:
                     yield data
                     continue
@@ -121,9 +125,11 @@ class ByteRecipe(Recipe):
 
     def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
         places = []
-        for ref in self.inputs:
-            info = ref.info(plan)
-            path = plan.checkpoints[ref.source].local_path(info.file)
+        for item in self.sources():
+            if isinstance(item, Block):
+                return None
+            info = item.info(plan)
+            path = plan.checkpoints[item.source].local_path(info.file)
             if path is None or info.offset < 0:
                 return None
             places.append((path, info.offset))
@@ -145,6 +151,8 @@ class ByteRecipe(Recipe):
             yield from _SmallRuns(self, small).stream(plan)
 
     def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
+        if any(isinstance(item, Block) for item in self.sources()):
+            return (1, "", "", 0)
         first = self.inputs[0]
         info = first.info(plan)
         return (0, first.source, info.file, info.offset)
@@ -162,6 +170,9 @@ class _SmallRuns(ByteRecipe):
     @property
     def inputs(self) -> tuple[TensorRef, ...]:
         return self._whole.inputs
+
+    def sources(self) -> tuple[ProgramInput, ...]:
+        return self._whole.sources()
 
     def runs(self, plan: Sources) -> tuple[Run, ...]:
         return self._runs
@@ -191,27 +202,30 @@ class CopyTensor(ByteRecipe):
 class _Chain:
     """What the two chain programs share: their inputs and how the audit names them."""
 
-    program_inputs: tuple[TensorRef, ...]
+    program_inputs: tuple[ProgramInput, ...]
     steps: tuple[str, ...]
 
     @property
     def inputs(self) -> tuple[TensorRef, ...]:
+        return tuple(item for item in self.program_inputs if isinstance(item, TensorRef))
+
+    def sources(self) -> tuple[ProgramInput, ...]:
         return self.program_inputs
 
     def origin(self) -> dict[str, Any]:
-        return {"inputs": [ref.to_dict() for ref in self.program_inputs], "ops": list(self.steps)}
+        return {"inputs": [ref.to_dict() for ref in self.inputs], "ops": list(self.steps)}
 
     def describe(self) -> str:
-        first, more = self.program_inputs[0], len(self.program_inputs) - 1
+        first, more = self.inputs[0], len(self.inputs) - 1
         head = f"{first.source}:{printable(first.key)}" + (f" and {more} more" if more else "")
         return head + (f" ({'; '.join(self.steps)})" if self.steps else "")
 
 
 @dataclass(frozen=True)
 class ByteProgram(_Chain, ByteRecipe):
-    """Byte runs of ``inputs`` made by the layout ops ``steps`` (as the audit words them)."""
+    """Byte runs of ``program_inputs`` made by the layout ops ``steps`` (as the audit words them)."""
 
-    program_inputs: tuple[TensorRef, ...]
+    program_inputs: tuple[ProgramInput, ...]
     view: View
     steps: tuple[str, ...]
 
@@ -221,32 +235,59 @@ class ByteProgram(_Chain, ByteRecipe):
 
 @dataclass(frozen=True)
 class BlockProgram(_Chain, Recipe):
-    """A block op's output over views of ``inputs``, decoded a bounded block at a time."""
+    """A block op's output over views of ``program_inputs``, decoded a bounded block at a time."""
 
-    program_inputs: tuple[TensorRef, ...]
+    program_inputs: tuple[ProgramInput, ...]
     block: Block
     steps: tuple[str, ...]
 
     def stream(self, plan: Sources) -> Iterator[Chunk]:
-        readers = [InputTensor(view, _ViewReader(self.inputs, view, plan).read) for view in self.block.inputs]
-        return self.block.op.blocks(self.block, readers, CHUNK_BYTES)
+        reader = InputReader(self.program_inputs, plan)
+        return self.block.op.blocks(self.block, reader.tensors(self.block), CHUNK_BYTES)
+
+
+class InputReader:
+    """Byte ranges of a program's inputs: a source tensor's straight from its checkpoint; a
+    block op's output decoded a block of rows at a time (the last block is kept, since
+    neighbouring reads, e.g. a row permutation after a transpose, mostly hit it)."""
+
+    def __init__(self, items: tuple[ProgramInput, ...], plan: Sources) -> None:
+        self._items, self._plan = items, plan
+        self._cached: tuple[int, int, bytes] | None = None  # (input, first byte, bytes)
+
+    def read(self, index: int, start: int, length: int) -> bytes:
+        if index < 0:
+            return bytes(length)
+        item = self._items[index]
+        if isinstance(item, TensorRef):
+            return self._plan.checkpoints[item.source].read(item.info(self._plan), start, length)
+        cached = self._cached
+        if cached is None or cached[0] != index or not cached[1] <= start <= start + length <= cached[1] + len(cached[2]):
+            cached = self._cached = (index, *self._decode(item, start, length))
+        return cached[2][start - cached[1]:start - cached[1] + length]
+
+    def _decode(self, block: Block, start: int, length: int) -> tuple[int, bytes]:
+        row = prod(block.shape[1:]) * DTYPE_SIZES[block.dtype] if block.shape else DTYPE_SIZES[block.dtype]
+        step = max(1, CHUNK_BYTES // max(1, row))
+        first = start // row // step * step
+        stop = max(first + step, -(-(start + length) // row))
+        stop = min(stop, block.shape[0] if block.shape else 1)
+        data = b"".join(block.op.blocks(block, self.tensors(block), CHUNK_BYTES, range(first, stop)))
+        return first * row, data
+
+    def tensors(self, block: Block) -> list[InputTensor]:
+        """``block``'s input views, each readable by byte range."""
+        return [InputTensor(view, _ViewReader(self, view).read) for view in block.inputs]
 
 
 class _ViewReader:
     """Byte ranges of a view, read from the runs that make it."""
 
-    def __init__(self, inputs: tuple[TensorRef, ...], view: View, plan: Sources) -> None:
-        self._view, self._plan = view, plan
-        self._infos = [(plan.checkpoints[ref.source], ref.info(plan)) for ref in inputs]
+    def __init__(self, reader: InputReader, view: View) -> None:
+        self._reader, self._view = reader, view
 
     def read(self, start: int, length: int) -> bytes:
-        parts = []
-        for run in self._view.slice(start, length):
-            if run.input < 0:
-                parts.append(bytes(run.length))
-            else:
-                ckpt, info = self._infos[run.input]
-                parts.append(ckpt.read(info, run.start, run.length))
+        parts = [self._reader.read(run.input, run.start, run.length) for run in self._view.slice(start, length)]
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 

@@ -104,7 +104,8 @@ class InputTensor:
 @dataclass(frozen=True)
 class Block:
     """A tensor made by a block op from views of the group's inputs; decoded a bounded
-    block at a time when written."""
+    block at a time when written. Later layout ops see it as one more input (a view
+    with one run over it), read a block of its rows at a time."""
 
     op: BlockOp
     args: dict[str, Any]
@@ -197,8 +198,10 @@ class BlockOp(OpDef):
     decodes = True
 
     @abstractmethod
-    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
-        """The output's bytes in order, each piece made from a bounded read of the inputs."""
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes]:
+        """The output's bytes in order (only its dim-0 indices ``rows`` when given), each
+        piece made from a bounded read of the inputs, about ``chunk_bytes`` long."""
 
 
 class NoInverse(Exception):

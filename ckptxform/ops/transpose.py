@@ -39,7 +39,8 @@ class Transpose(BlockOp):
     def describe(self, args: Any) -> str:
         return f"transpose {list(args)}"
 
-    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes]:
         import torch
 
         from ..dtypes import torch_dtype
@@ -55,10 +56,15 @@ class Transpose(BlockOp):
         dtype = torch_dtype(view.dtype)
         row = big_a * mid * tail * size  # one index of the output's dim a (a row when a == 0)
         step = max(1, chunk_bytes // max(1, row))
-        for b in range(before):
+        # the output's dim 0 is dim c when a == 0, else the input's dim 0 (one of `before`'s)
+        per = before // shape[0] if a > 0 and shape[0] else 1
+        wanted = rows if rows is not None else range(block.shape[0] if block.shape else 1)
+        slabs, columns = ((range(wanted.start * per, wanted.stop * per), range(big_c)) if a > 0
+                          else (range(before), wanted))
+        for b in slabs:
             base = b * big_a * mid * big_c * tail * size
-            for c0 in range(0, big_c, step):
-                count = min(step, big_c - c0)
+            for c0 in range(columns.start, columns.stop, step):
+                count = min(step, columns.stop - c0)
                 run = count * tail * size
                 buf = bytearray(big_a * mid * run)
                 for i in range(big_a * mid):

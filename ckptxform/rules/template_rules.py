@@ -3,8 +3,7 @@
 What the schema cannot see is checked here, at validate time (exit 2, FILE:LINE:COL):
 malformed templates and expressions, unknown ops, and the flow of template variables
 through the chain: a variable of ``key`` that ``to`` lacks must be reduced by exactly one
-op, a variable of ``to`` that ``key`` lacks made by exactly one, and an op that decodes
-values must end the chain.
+op, and a variable of ``to`` that ``key`` lacks made by exactly one.
 """
 
 from __future__ import annotations
@@ -79,9 +78,6 @@ def _flow_problems(key: Template, to: tuple[Template, ...], steps: tuple[Step, .
     live = set(key.variables)
     for i, step in enumerate(steps):
         sub = ("ops", i, step.verb)
-        if step.op.decodes and i != len(steps) - 1:
-            out.append((sub, f"{step.verb} decodes values, so it must be the last op of the chain; "
-                        "move the ops after it before it"))
         var = step.variable
         if step.op.kind == "reduce":
             if var not in live:
