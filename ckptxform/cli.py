@@ -297,14 +297,19 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 @click.argument("location_a")
 @click.argument("location_b")
 @click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout.")
+@click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
+              help="With --emit-rules: write the rule file here (paths in it made relative to it).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @_reports_errors
-def diff(location_a: str, location_b: str, emit_rules: bool, as_json: bool) -> None:
-    """Compare two checkpoints' keys, shapes and dtypes; suggest renames."""
+def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as_json: bool) -> None:
+    """Compare two checkpoints' keys, shapes and dtypes; suggest renames and structural ops."""
     from .ckpt_diff import checkpoint_diff
 
     result = checkpoint_diff(location_a, location_b)
-    if emit_rules:
+    if emit_rules and out is not None:
+        with open(out, "w", encoding="utf-8") as file:
+            file.write(result.rules_yaml(out))
+    elif emit_rules:
         click.echo(result.rules_yaml(), nl=False)
     else:
         click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())

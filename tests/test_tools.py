@@ -119,7 +119,8 @@ def test_diff_reports_shape_and_dtype_changes(tmp_path: Path) -> None:
         "0 only in B\n"
         "2 in both with another shape or dtype:\n"
         "  x: A F32 [2, 3], B F32 [3, 2]\n"
-        "  y: A F32 [4], B BF16 [4]\n")
+        "  y: A F32 [4], B BF16 [4]\n"
+        "{transpose: [0, 1]}: 'x' -> 'x' explains 1 keys of A, 1 of B\n")
 
 
 def test_demo_runs_offline_and_says_where_things_are(tmp_path: Path) -> None:
