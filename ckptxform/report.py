@@ -13,7 +13,7 @@ from .sources.base import Checkpoint
 
 #: what a source tensor did when it was carried into the output; every other record is
 #: named on screen with its reason (the founding story's "skipped 2" said not which)
-_CARRIED = {"loaded", "renamed", "permuted", "cast", "copied"}
+_CARRIED = {"loaded", "renamed", "permuted", "cast", "copied", "transformed"}
 #: names shown per group unless verbose
 _SHOWN = 8
 
