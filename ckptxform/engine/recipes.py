@@ -277,7 +277,17 @@ class InputReader:
 
     def tensors(self, block: Block) -> list[InputTensor]:
         """``block``'s input views, each readable by byte range."""
-        return [InputTensor(view, _ViewReader(self, view).read) for view in block.inputs]
+        return [InputTensor(view, _ViewReader(self, view).read, self._local(view)) for view in block.inputs]
+
+    def _local(self, view: View) -> tuple[Path, int] | None:
+        if len(view.runs) != 1 or view.runs[0].input < 0:
+            return None
+        item = self._items[view.runs[0].input]
+        if not isinstance(item, TensorRef):
+            return None
+        info = item.info(self._plan)
+        path = self._plan.checkpoints[item.source].local_path(info.file)
+        return (path, info.offset + view.runs[0].start) if path is not None and info.offset >= 0 else None
 
 
 class _ViewReader:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from math import prod
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ..dtypes import DTYPE_SIZES
@@ -95,10 +96,13 @@ class View:
 
 @dataclass(frozen=True)
 class InputTensor:
-    """What a block program reads: one input of the group, as a ``View``."""
+    """What a block program reads: one input of the group, as a ``View``. ``local`` is
+    (file, offset of the view's first byte) when the view is one run of a local file, so a
+    program may map it instead of reading piece by piece."""
 
     view: View
     read: Callable[[int, int], bytes]  # (start, length) -> bytes of the view
+    local: tuple[Path, int] | None = None
 
 
 @dataclass(frozen=True)

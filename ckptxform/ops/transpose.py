@@ -1,26 +1,32 @@
-"""transpose: swap two dims; a block op (values move element by element).
+"""transpose: swap two dims; a block op (elements move one by one).
 
-The output is made in order, a block of its leading index at a time: for ``transpose(a, c)``
-of a tensor viewed as ``[A, M, C, T]`` (a = dim a, c = dim c), output rows ``c0..c1`` are
-``input[:, :, c0:c1, :]`` permuted, read as ``A*M`` runs of ``(c1 - c0)*T`` elements.
-Peak memory: two blocks of at most ``max(chunk_bytes, one output row)`` bytes.
+The output is made in order, a block of its dim-0 indices at a time. For ``transpose(a, c)``
+of a tensor viewed as ``[B, A, M, C, T]`` (B: dims before a, A = dim a, M: dims between,
+C = dim c, T: dims after), output block ``c0..c1`` of a slab ``b`` is
+``input[b, :, :, c0:c1, :]`` permuted. Elements are moved as unsigned integers of their
+size, so no dtype is decoded (float8, int4-packed words and all). A local input is mapped
+and its pages dropped after each block; another is read as ``A*M`` runs per block.
+Peak memory: two blocks of ``max(chunk_bytes, one output row)`` bytes (plus, mapped, the
+pages one block touches).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 from collections.abc import Iterator, Sequence
 from math import prod
 from typing import Any
 
 from .base import Block, BlockOp, Context, InputTensor, Value, View
 
-_DIMS = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
+_UINT = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
 
 class Transpose(BlockOp):
     verb = "transpose"
     description = "Swap two dims ([in, out] Conv1D -> [out, in] Linear): [D0, D1]."
-    schema = _DIMS
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:
         rank = len(value.shape)
@@ -28,6 +34,8 @@ class Transpose(BlockOp):
         if not (-rank <= d0 < rank and -rank <= d1 < rank) or d0 % max(rank, 1) == d1 % max(rank, 1):
             raise ctx.error(f"transpose {list(args)}: needs two different dims of a tensor of shape "
                             f"{list(value.shape)}")
+        if value.itemsize not in _UINT:
+            raise ctx.error(f"transpose: {value.dtype} elements are not whole bytes; transpose is not defined")
         a, c = sorted((d0 % rank, d1 % rank))
         shape = list(value.shape)
         shape[a], shape[c] = shape[c], shape[a]
@@ -41,34 +49,81 @@ class Transpose(BlockOp):
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
                rows: range | None = None) -> Iterator[bytes]:
-        import torch
-
-        from ..dtypes import torch_dtype
-        from .decode import tensor_bytes
-
         (source,) = inputs
-        view = source.view
+        shape, size = source.view.shape, source.view.itemsize
         a, c = block.args["dims"]
-        shape = view.shape
         before, big_a, mid = prod(shape[:a]), shape[a], prod(shape[a + 1:c])
         big_c, tail = shape[c], prod(shape[c + 1:])
-        size = view.itemsize
-        dtype = torch_dtype(view.dtype)
-        row = big_a * mid * tail * size  # one index of the output's dim a (a row when a == 0)
-        step = max(1, chunk_bytes // max(1, row))
-        # the output's dim 0 is dim c when a == 0, else the input's dim 0 (one of `before`'s)
+        step = max(1, chunk_bytes // max(1, big_a * mid * tail * size))
+        # the output's dim 0 is dim c when a == 0, else the input's dim 0 (`per` slabs each)
         per = before // shape[0] if a > 0 and shape[0] else 1
         wanted = rows if rows is not None else range(block.shape[0] if block.shape else 1)
         slabs, columns = ((range(wanted.start * per, wanted.stop * per), range(big_c)) if a > 0
                           else (range(before), wanted))
-        for b in slabs:
-            base = b * big_a * mid * big_c * tail * size
-            for c0 in range(columns.start, columns.stop, step):
-                count = min(step, columns.stop - c0)
-                run = count * tail * size
-                buf = bytearray(big_a * mid * run)
-                for i in range(big_a * mid):
-                    buf[i * run:(i + 1) * run] = source.read(base + (i * big_c + c0) * tail * size, run)
-                tile = torch.frombuffer(buf, dtype=dtype).reshape(big_a, mid, count, tail) if buf else None
-                if tile is not None:
-                    yield tensor_bytes(tile.permute(2, 1, 0, 3))
+        geometry = (big_a, mid, big_c, tail, size)
+        tiles = _MappedTiles(source, geometry) if source.local is not None else _ReadTiles(source, geometry)
+        with tiles:
+            for b in slabs:
+                for c0 in range(columns.start, columns.stop, step):
+                    yield tiles.tile(b, c0, min(step, columns.stop - c0))
+
+
+class _ReadTiles:
+    """Tiles read as one run per (a, m): for inputs that are not one local file range."""
+
+    def __init__(self, source: InputTensor, geometry: tuple[int, int, int, int, int]) -> None:
+        self.source, self.geometry = source, geometry
+
+    def __enter__(self) -> _ReadTiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def tile(self, b: int, c0: int, count: int) -> bytes:
+        import numpy as np
+
+        big_a, mid, big_c, tail, size = self.geometry
+        run = count * tail * size
+        base = b * big_a * mid * big_c * tail * size
+        buf = bytearray(big_a * mid * run)
+        for i in range(big_a * mid):
+            buf[i * run:(i + 1) * run] = self.source.read(base + (i * big_c + c0) * tail * size, run)
+        tile = np.frombuffer(buf, dtype=_UINT[size]).reshape(big_a, mid, count, tail)
+        return tile.transpose(2, 1, 0, 3).tobytes()
+
+
+class _MappedTiles:
+    """Tiles gathered by numpy from a read-only map of the source file; the pages a tile
+    touched are dropped afterwards, so resident memory stays one tile's worth."""
+
+    def __init__(self, source: InputTensor, geometry: tuple[int, int, int, int, int]) -> None:
+        assert source.local is not None
+        self.path, self.offset = source.local
+        self.geometry = geometry
+        self.nbytes = source.view.nbytes
+
+    def __enter__(self) -> _MappedTiles:
+        import numpy as np
+
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        big_a, mid, big_c, tail, size = self.geometry
+        self.array = np.frombuffer(self.map, dtype=_UINT[size], count=self.nbytes // size, offset=self.offset)
+        self.array = self.array.reshape(-1, big_a, mid, big_c, tail)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.array
+        self.map.close()
+
+    def tile(self, b: int, c0: int, count: int) -> bytes:
+        out = self.array[b, :, :, c0:c0 + count, :].transpose(2, 1, 0, 3).tobytes()
+        page = mmap.PAGESIZE
+        start = self.offset // page * page
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self.map.madvise(mmap.MADV_DONTNEED, start, min(len(self.map), self.offset + self.nbytes) - start)
+        return out
