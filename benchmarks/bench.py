@@ -33,6 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from synthetic import build_benchmark_sources, build_sparse_verifier, write_safetensors, Tensor  # noqa: E402
+import structural_bench  # noqa: E402
 
 REPO = HERE.parent
 HEADLINE = REPO / "rules" / "aqmedai_k2_to_k25.yaml"
@@ -240,6 +241,30 @@ def tb_scenario(work: Path, *, small: bool = False) -> dict[str, float]:
             "needed_bytes": drafter_bytes - dropped * hidden * 2 + len(missing) * hidden * 2}
 
 
+def structural_scenario(work: Path, size: int, reps: int, figures: dict[str, object]) -> list[str]:
+    """stack + concat of a MoE layer set of ``size`` bytes, transpose of one tensor of half that."""
+    src = structural_bench.build(work / "structural", size)
+    for path in src.values():
+        warm(path)
+    results = run_contenders(structural_bench.contenders(work / "structural", src, PY), work, reps)
+    experts, hidden, inter = structural_bench.moe_dims(size)
+    moe_bytes = (src["moe"] / "model.safetensors").stat().st_size
+    big_bytes = (src["big"] / "model.safetensors").stat().st_size
+    figures["structural"] = {"moe_bytes": moe_bytes, "transpose_bytes": big_bytes,
+                             "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+    lines = ["", f"structural ops: MoE layer set {moe_bytes / 1e9:.2f} GB ({experts} experts, H={hidden}, "
+             f"I={inter}, bf16) -> gate_up_proj + down_proj; transpose of one {big_bytes / 1e9:.2f} GB tensor",
+             "", "| contender | median (s) | best (s) | / cp | / naive | peak RSS (MB) |", "|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        family = "moe" if ("stack" in name or "moe" in name) else "big"
+        cp = results[f"cp {family}"]
+        naive = results["naive stack+concat" if family == "moe" else "naive transpose"]
+        rel_naive = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") else ""
+        lines.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, cp):.2f} | {rel_naive} | "
+                     f"{r.peak_mb:.0f} |")
+    return lines
+
+
 def _overwrite_vocab(path: Path, vocab_tensors: list[Tensor]) -> None:
     import struct
     with open(path, "r+b") as f:
@@ -257,6 +282,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--skip-tb", action="store_true", help="skip the 1 TB sparse-verifier scenario")
+    ap.add_argument("--skip-structural", action="store_true", help="skip the structural-op scenario")
     ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     args = ap.parse_args()
@@ -311,6 +337,8 @@ def main() -> None:
                           f"{rel_naive} | {r.peak_mb:.0f} |")
         figures: dict[str, object] = {"size_bytes": size, "reps": args.reps,
                                       "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+        if not args.skip_structural:
+            report += structural_scenario(work, parse_size(args.size), args.reps, figures)
         if not args.skip_tb:
             tb = tb_scenario(work, small=args.small_tb)
             figures["tb"] = tb

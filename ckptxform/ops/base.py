@@ -203,7 +203,7 @@ class BlockOp(OpDef):
 
     @abstractmethod
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
-               rows: range | None = None) -> Iterator[bytes]:
+               rows: range | None = None) -> Iterator[bytes | memoryview]:
         """The output's bytes in order (only its dim-0 indices ``rows`` when given), each
         piece made from a bounded read of the inputs, about ``chunk_bytes`` long."""
 
