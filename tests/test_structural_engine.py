@@ -8,8 +8,10 @@ unstack, transpose, the RoPE permute (GQA) and its inverse, resize, untie and ti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from safetensors.torch import save_file
 
 from ckptxform import api
 from ckptxform.errors import PlanError, RequirementError
+from ckptxform.ops.base import Block, BlockOp, Context, InputTensor, NoInverse, Value, View
+from ckptxform.rules.loader import load_rules
 
 
 def write_model(path: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any] | None = None,
@@ -300,3 +304,44 @@ def test_untie_writes_one_tensor_under_two_names_and_tie_checks_bytes(tmp_path: 
                               "'model.embed_tokens.weight' at byte 0; tie only identical tensors (or write "
                               "both, without tie)")
     assert not (tmp_path / "out2").exists()
+
+
+class _Difference(BlockOp):
+    """A two-input block op (as dequant is: weight and scale): a - b, a block of rows at a time."""
+
+    verb = "difference"
+    kind = "reduce"
+    description = "test op"
+    schema: dict[str, Any] = {}
+
+    def reduce(self, args: Any, ctx: Context, members: list[tuple[str, View]]) -> Value:
+        (_, a), (_, b) = members
+        return Block(self, {}, (a, b), a.shape, "F32")
+
+    def inverse(self, args: Any) -> tuple[str, Any]:
+        raise NoInverse("test op")
+
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes]:
+        width = block.inputs[0].nbytes // block.shape[0]
+        wanted = rows or range(block.shape[0])
+        for first in range(wanted.start, wanted.stop, 2):  # two rows a block: several blocks
+            n = min(2, wanted.stop - first)
+            a, b = (torch.frombuffer(bytearray(t.read(first * width, n * width)), dtype=torch.bfloat16)
+                    for t in inputs)
+            yield (a.float() - b.float()).numpy().tobytes()
+
+
+def test_a_multi_input_block_op_reads_each_input_by_rows(tmp_path: Path) -> None:
+    a, b = rand(5, 3, seed=1), rand(5, 3, seed=2)
+    write_model(tmp_path / "src", {"x.a": a, "x.b": b})
+    rule = rule_file(tmp_path, "tensors:\n  - key: 'x.{T:a,b}'\n    to: y\n    ops: [{concat: {over: T, dim: 0}}]\n")
+    rules = load_rules(rule)
+    step = rules.tensors[0].ops[0]
+    rules = dataclasses.replace(rules, tensors=(dataclasses.replace(
+        rules.tensors[0], ops=(dataclasses.replace(step, op=_Difference()),)),))
+    api.apply(rules, out=tmp_path / "out", sources={"model": str(tmp_path / "src")}, progress=False)
+    assert_same(read_output(tmp_path / "out"), {"y": a.float() - b.float()})
+    written = [e for e in read_audit(tmp_path / "out") if e["event"] == "written"]
+    assert written[0]["from"] == {"inputs": [{"source": "model", "key": "x.a"}, {"source": "model", "key": "x.b"}],
+                                  "ops": ["difference over T"]}

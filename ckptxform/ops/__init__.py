@@ -19,14 +19,6 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
 )}
 
 
-def register(op: OpDef) -> OpDef:
-    """Add ``op`` to the registry (for ops defined outside this package)."""
-    if op.verb in OPS and OPS[op.verb] is not op:
-        raise ValueError(f"op {op.verb!r} is registered already")
-    OPS[op.verb] = op
-    return op
-
-
 def ops_schema() -> dict[str, Any]:
     """The JSON Schema of one item of ``ops:`` (a one-key mapping), from the registry."""
     return {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
@@ -35,4 +27,4 @@ def ops_schema() -> dict[str, Any]:
 
 
 __all__ = ["OPS", "Block", "BlockOp", "Context", "NoInverse", "OpDef", "Run", "Step", "Value", "View",
-           "ops_schema", "register"]
+           "ops_schema"]
