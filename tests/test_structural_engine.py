@@ -345,3 +345,30 @@ def test_a_multi_input_block_op_reads_each_input_by_rows(tmp_path: Path) -> None
     written = [e for e in read_audit(tmp_path / "out") if e["event"] == "written"]
     assert written[0]["from"] == {"inputs": [{"source": "model", "key": "x.a"}, {"source": "model", "key": "x.b"}],
                                   "ops": ["difference over T"]}
+
+
+def megatron_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, kv: int) -> torch.Tensor:
+    """Megatron-Bridge's QKVMapping layout: per kv group, its q heads, then k, then v."""
+    hd = q.shape[0] // heads
+    qg = q.view(kv, heads // kv * hd, -1)
+    return torch.cat([qg, k.view(kv, hd, -1), v.view(kv, hd, -1)], dim=1).reshape(-1, q.shape[1])
+
+
+def test_qkv_interleave_fuses_into_megatron_order_and_back(tmp_path: Path) -> None:
+    heads, kv, hd, hidden = 6, 2, 4, 5
+    q, k, v = rand(heads * hd, hidden, seed=1), rand(kv * hd, hidden, seed=2), rand(kv * hd, hidden, seed=3)
+    write_model(tmp_path / "src", {"l.0.q_proj.weight": q, "l.0.k_proj.weight": k, "l.0.v_proj.weight": v})
+    got = run(tmp_path, rule_file(tmp_path, f"""\
+        tensors:
+          - key: 'l.{{L}}.{{P:q,k,v}}_proj.weight'
+            to: 'l.{{L}}.linear_qkv.weight'
+            ops: [{{concat: {{over: P, dim: 0}}}}, {{qkv_interleave: {{heads: {heads}, kv_heads: {kv}}}}}]
+        """))
+    assert_same(got, {"l.0.linear_qkv.weight": megatron_qkv(q, k, v, heads, kv)})
+    write_model(tmp_path / "src", got)
+    back = run(tmp_path, rule_file(tmp_path, f"""\
+        tensors:
+          - key: 'l.{{L}}.linear_qkv.weight'
+            ops: [{{qkv_deinterleave: {{heads: {heads}, kv_heads: {kv}}}}}]
+        """))
+    assert_same(back, {"l.0.linear_qkv.weight": torch.cat([q, k, v])})

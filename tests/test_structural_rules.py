@@ -102,7 +102,7 @@ def test_a_source_names_its_config_file() -> None:
 def test_schema_file_holds_the_registry_ops() -> None:
     schema = json.loads((REPO / "schemas" / "rules.schema.json").read_text())
     assert schema["$defs"]["op"] == ops_schema(), (
-        "schemas/rules.schema.json's $defs.op differs from ckptxform.ops: write ops_schema() into it")
+        "schemas/rules.schema.json's $defs.op differs from ckptxform.ops: run python -m ckptxform.ops")
     assert sorted(schema["$defs"]["op"]["properties"]) == sorted(OPS)
 
 

@@ -11,11 +11,22 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
-from .layout import Concat, ResizeRows, RopePermute, RopeUnpermute, Split, Stack, Unstack
+from .layout import (
+    Concat,
+    QkvDeinterleave,
+    QkvInterleave,
+    ResizeRows,
+    RopePermute,
+    RopeUnpermute,
+    Split,
+    Stack,
+    Unstack,
+)
 from .transpose import Transpose
 
 OPS: dict[str, OpDef] = {op.verb: op for op in (
-    Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), ResizeRows(),
+    Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
+    QkvDeinterleave(), ResizeRows(),
 )}
 
 

@@ -206,6 +206,54 @@ class RopeUnpermute(RopePermute):
     description = "HF -> Meta/Mistral row order (the inverse of rope_permute)."
 
 
+def interleave_order(heads: int, kv_heads: int, head_dim: int, inverse: bool) -> list[int]:
+    """Source row of each output row of the Megatron GQA interleave: [q; k; v] rows become,
+    for each kv group g, [the heads/kv_heads q heads of g; k_g; v_g]."""
+    per = heads // kv_heads
+    order = []
+    for g in range(kv_heads):
+        for h in range(g * per, (g + 1) * per):
+            order += range(h * head_dim, (h + 1) * head_dim)
+        order += range((heads + g) * head_dim, (heads + g + 1) * head_dim)
+        order += range((heads + kv_heads + g) * head_dim, (heads + kv_heads + g + 1) * head_dim)
+    if not inverse:
+        return order
+    back = [0] * len(order)
+    for out_row, src_row in enumerate(order):
+        back[src_row] = out_row
+    return back
+
+
+class QkvInterleave(OpDef):
+    verb = "qkv_interleave"
+    inverse_verb = "qkv_deinterleave"
+    description = ("Fused [q; k; v] rows -> Megatron's linear_qkv order: per kv group, its q heads, "
+                   "then k, then v.")
+    schema = {"type": "object", "additionalProperties": False, "required": ["heads", "kv_heads"],
+              "properties": {"heads": _EXPR, "kv_heads": _EXPR}}
+
+    def map(self, args: Any, ctx: Context, value: View) -> Value:
+        heads = ctx.integer(args["heads"], f"{self.verb}.heads")
+        kv = ctx.integer(args["kv_heads"], f"{self.verb}.kv_heads")
+        rows = value.shape[0] if value.shape else 0
+        if kv <= 0 or heads % kv or rows % (heads + 2 * kv):
+            raise ctx.error(f"{self.verb}: {rows} rows are not q, k and v of {heads} heads with {kv} kv heads")
+        order = interleave_order(heads, kv, rows // (heads + 2 * kv), self.verb != "qkv_interleave")
+        return value.rows(order, value.shape)
+
+    def inverse(self, args: Any) -> tuple[str, Any]:
+        return self.inverse_verb, args
+
+    def describe(self, args: Any) -> str:
+        return f"{self.verb} heads={args['heads']} kv_heads={args['kv_heads']}"
+
+
+class QkvDeinterleave(QkvInterleave):
+    verb = "qkv_deinterleave"
+    inverse_verb = "qkv_interleave"
+    description = "Megatron's linear_qkv order -> fused [q; k; v] rows (the inverse of qkv_interleave)."
+
+
 class ResizeRows(OpDef):
     verb = "resize_rows"
     description = "Pad with zero rows or truncate dim 0 to `rows`."
