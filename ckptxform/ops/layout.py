@@ -179,7 +179,19 @@ def rope_order(rows: int, heads: int, inverse: bool) -> list[int]:
     return order
 
 
-class RopePermute(OpDef):
+class _RowOrder(OpDef):
+    """A row permutation with a named inverse (a byte program: rows are runs)."""
+
+    inverse_verb: str
+
+    def inverse(self, args: Any) -> tuple[str, Any]:
+        return self.inverse_verb, args
+
+    def describe(self, args: Any) -> str:
+        return f"{self.verb} " + " ".join(f"{k}={v}" for k, v in args.items())
+
+
+class RopePermute(_RowOrder):
     verb = "rope_permute"
     inverse_verb = "rope_unpermute"
     description = ("Meta/Mistral -> HF row order of q or k: view(n, hd//2, 2, in).transpose(1, 2); "
@@ -192,12 +204,6 @@ class RopePermute(OpDef):
         if heads <= 0 or rows % heads or (rows // heads) % 2:
             raise ctx.error(f"{self.verb}: {rows} rows do not make {heads} heads of an even head size")
         return value.rows(rope_order(rows, heads, self.verb != "rope_permute"), value.shape)
-
-    def inverse(self, args: Any) -> tuple[str, Any]:
-        return self.inverse_verb, args
-
-    def describe(self, args: Any) -> str:
-        return f"{self.verb} heads={args['heads']}"
 
 
 class RopeUnpermute(RopePermute):
@@ -224,7 +230,7 @@ def interleave_order(heads: int, kv_heads: int, head_dim: int, inverse: bool) ->
     return back
 
 
-class QkvInterleave(OpDef):
+class QkvInterleave(_RowOrder):
     verb = "qkv_interleave"
     inverse_verb = "qkv_deinterleave"
     description = ("Fused [q; k; v] rows -> Megatron's linear_qkv order: per kv group, its q heads, "
@@ -240,12 +246,6 @@ class QkvInterleave(OpDef):
             raise ctx.error(f"{self.verb}: {rows} rows are not q, k and v of {heads} heads with {kv} kv heads")
         order = interleave_order(heads, kv, rows // (heads + 2 * kv), self.verb != "qkv_interleave")
         return value.rows(order, value.shape)
-
-    def inverse(self, args: Any) -> tuple[str, Any]:
-        return self.inverse_verb, args
-
-    def describe(self, args: Any) -> str:
-        return f"{self.verb} heads={args['heads']} kv_heads={args['kv_heads']}"
 
 
 class QkvDeinterleave(QkvInterleave):
