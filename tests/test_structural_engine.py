@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import read_audit, read_output, same_bits
+from conftest import assert_clean_failure, read_audit, read_output, same_bits
 from safetensors.torch import save_file
 
 from ckptxform import api
@@ -372,3 +372,25 @@ def test_qkv_interleave_fuses_into_megatron_order_and_back(tmp_path: Path) -> No
             ops: [{{qkv_deinterleave: {{heads: {heads}, kv_heads: {kv}}}}}]
         """))
     assert_same(back, {"l.0.linear_qkv.weight": torch.cat([q, k, v])})
+
+
+@pytest.mark.parametrize("case", ["missing-member", "split-sizes", "absent-config-field"])
+def test_plan_errors_are_one_line_exit_1_and_no_output(tmp_path: Path, case: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+    if case == "missing-member":
+        src = mixtral_legacy(3)
+        del src["model.layers.0.block_sparse_moe.experts.1.w1.weight"]
+        write_model(tmp_path / "src", src, {"num_local_experts": 3})
+        rule, want = rule_file(tmp_path, MIXTRAL_RULE), "'model.layers.0.block_sparse_moe.experts.1.w1.weight' is missing"
+    elif case == "split-sizes":
+        write_model(tmp_path / "src", {"layers.0.qkv_proj.weight": rand(30, 7)},
+                    {"num_attention_heads": 5, "num_key_value_heads": 1, "head_dim": 4})
+        rule, want = rule_file(tmp_path, QKV_RULE), "sizes [20, 4, 4] add up to 28 but dim 0"
+    else:
+        write_model(tmp_path / "src", {"layers.0.qkv_proj.weight": rand(28, 7)}, {"num_attention_heads": 5, "head_dim": 4})
+        rule, want = rule_file(tmp_path, QKV_RULE), "has no field 'num_key_value_heads'"
+    before = sorted(p.name for p in (tmp_path / "src").iterdir())
+    proc = run_cli("apply", rule, "--out", tmp_path / "out", "--source", f"model={tmp_path / 'src'}")
+    stderr = assert_clean_failure(proc, code=1)
+    (line,) = stderr.strip().splitlines()
+    assert want in line and f"({rule}:9)" in line, line
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in (tmp_path / "src").iterdir()) == before
