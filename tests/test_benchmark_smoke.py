@@ -18,6 +18,8 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert "| ckptxform headline |" in run.stdout and "1 TB scenario" in run.stdout
     data = json.loads(figures.read_text())
+    assert set(data["structural"]["results"]) == {"cp moe", "naive stack+concat", "ckptxform stack+concat",
+                                                  "cp big", "naive transpose", "ckptxform transpose"}
     assert set(data["results"]) == {"cp -r", "cp -r + sync", "sha256 alone (1 core)", "naive rename", "ckptxform rename",
                                     "ckptxform rename --no-fsync", "naive headline", "ckptxform headline",
                                     "ckptxform headline --no-fsync"}
