@@ -275,6 +275,21 @@ def test_resize_rows_pads_with_zeros_and_truncates(tmp_path: Path) -> None:
     assert_same(got, {"emb": torch.cat([emb, torch.zeros(3, 3, dtype=emb.dtype)]), "head": emb[:2]})
 
 
+def test_resize_rows_mean_and_normal_fills(tmp_path: Path) -> None:
+    emb = rand(5, 3, seed=4)
+    write_model(tmp_path / "src", {"emb": emb, "head": emb.clone()})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: emb
+            ops: [{resize_rows: {rows: 8, fill: mean}}]
+          - key: head
+            ops: [{resize_rows: {rows: 7, fill: normal, std: 0.5, seed: 3}}]
+        """))
+    mean = emb.double().mean(0).to(emb.dtype)
+    normal = (torch.randn((2, 3), generator=torch.Generator().manual_seed(3), dtype=torch.float32) * 0.5)
+    assert_same(got, {"emb": torch.cat([emb, mean.expand(3, 3)]), "head": torch.cat([emb, normal.to(emb.dtype)])})
+
+
 def test_untie_writes_one_tensor_under_two_names_and_tie_checks_bytes(tmp_path: Path) -> None:
     emb = rand(7, 4, seed=6)
     write_model(tmp_path / "src", {"model.embed_tokens.weight": emb})

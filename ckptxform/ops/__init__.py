@@ -15,13 +15,13 @@ from .layout import (
     Concat,
     QkvDeinterleave,
     QkvInterleave,
-    ResizeRows,
     RopePermute,
     RopeUnpermute,
     Split,
     Stack,
     Unstack,
 )
+from .resize import ResizeRows
 from .transpose import Transpose
 
 OPS: dict[str, OpDef] = {op.verb: op for op in (

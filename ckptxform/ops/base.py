@@ -159,8 +159,6 @@ class OpDef(ABC):
 
     verb: ClassVar[str]
     kind: ClassVar[Literal["map", "reduce", "split"]] = "map"
-    #: True for ops that decode values (they must end the chain)
-    decodes: ClassVar[bool] = False
     #: JSON Schema of the verb's argument
     schema: ClassVar[dict[str, Any]]
     description: ClassVar[str]
@@ -197,9 +195,7 @@ class OpDef(ABC):
 
 
 class BlockOp(OpDef):
-    """An op that decodes values: its output is written a bounded block at a time."""
-
-    decodes = True
+    """An op whose output is made a bounded block at a time (values moved or decoded)."""
 
     @abstractmethod
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Context, NoInverse, OpDef, Run, Value, View, join_runs, outer_inner
+from .base import Context, NoInverse, OpDef, Value, View, join_runs, outer_inner
 
 _EXPR = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
 _VAR = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
@@ -252,25 +252,3 @@ class QkvDeinterleave(QkvInterleave):
     verb = "qkv_deinterleave"
     inverse_verb = "qkv_interleave"
     description = "Megatron's linear_qkv order -> fused [q; k; v] rows (the inverse of qkv_interleave)."
-
-
-class ResizeRows(OpDef):
-    verb = "resize_rows"
-    description = "Pad with zero rows or truncate dim 0 to `rows`."
-    schema = {"type": "object", "additionalProperties": False, "required": ["rows"],
-              "properties": {"rows": _EXPR, "fill": {"enum": ["zeros"]}}}
-
-    def map(self, args: Any, ctx: Context, value: View) -> Value:
-        rows = ctx.integer(args["rows"], "resize_rows.rows")
-        have = value.shape[0] if value.shape else 0
-        width = value.nbytes // have if have else 0
-        runs = list(value.slice(0, min(rows, have) * width))
-        if rows > have:
-            runs.append(Run(-1, 0, (rows - have) * width))
-        return View((rows, *value.shape[1:]), value.dtype, join_runs([runs]))
-
-    def inverse(self, args: Any) -> tuple[str, Any]:
-        raise NoInverse("resizing drops or invents rows; write the reverse resize_rows by hand")
-
-    def describe(self, args: Any) -> str:
-        return f"resize_rows rows={args['rows']}"
