@@ -55,9 +55,9 @@ def plan_template_rule(rule: TensorRule, source: str, members: list[TensorInfo],
     chain = _Chain(rule, key, refs, list(members))
     items: list[tuple[Binding, Value]] = []
     for i, info in enumerate(members):
-        binding = key.match(info.key)
-        assert binding is not None
-        items.append((tuple(sorted(binding.items())), View(info.shape, info.dtype, (Run(i, 0, info.nbytes),))))
+        matched = key.match(info.key)
+        assert matched is not None
+        items.append((tuple(sorted(matched.items())), View(info.shape, info.dtype, (Run(i, 0, info.nbytes),))))
     for index, step in enumerate(rule.ops):
         label = f"tensors[{rule.index}].ops[{index}] {step.verb} ({step.where.short})"
         items = chain.apply(step, items, label)

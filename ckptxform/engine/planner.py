@@ -163,7 +163,7 @@ class _Planner:
         self.files_opened.setdefault(source, set()).add(info.file)
         return info
 
-    def _record(self, source: str, info: TensorInfo, action: str, target: str | None,
+    def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
                 rule: str | None, reason: str) -> None:
         """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
         earlier = self.records.get((source, info.key))

@@ -216,7 +216,7 @@ def interleave_order(heads: int, kv_heads: int, head_dim: int, inverse: bool) ->
     """Source row of each output row of the Megatron GQA interleave: [q; k; v] rows become,
     for each kv group g, [the heads/kv_heads q heads of g; k_g; v_g]."""
     per = heads // kv_heads
-    order = []
+    order: list[int] = []
     for g in range(kv_heads):
         for h in range(g * per, (g + 1) * per):
             order += range(h * head_dim, (h + 1) * head_dim)

@@ -137,4 +137,4 @@ class _LocalTiles:
         out = np.empty((count, mid, big_a, tail), dtype=_UINT[size])
         for a0 in range(0, big_a, _BAND):  # a band at a time: the transposed copy stays in cache
             out[:, :, a0:a0 + _BAND, :] = tile[a0:a0 + _BAND].transpose(2, 1, 0, 3)
-        return memoryview(out).cast("B").toreadonly()
+        return out.data.cast("B").toreadonly()

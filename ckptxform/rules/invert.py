@@ -88,7 +88,7 @@ def inverse_yaml(rules: RuleSet, saved_as: str | None = None) -> str:
 def schema_reference(base_dir: str) -> str:
     """The installed rules schema as a path relative to ``base_dir`` (where the rule file is
     saved), so that an editor beside the file finds it."""
-    return os.path.relpath(data_dir("schemas") / "rules.schema.json", base_dir)
+    return str(os.path.relpath(os.fspath(data_dir("schemas") / "rules.schema.json"), base_dir))
 
 
 def check_rule_text(text: str, base_dir: str) -> None:

@@ -216,8 +216,8 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
             for sub, problem in parsed.problems:
                 report(node, sub, problem)
             for sub, value in _op_expressions(rule):
-                for problem in _reference_problems(value, sub, sources, vocabs):
-                    report(node, problem[0], problem[1])
+                for at, message in _reference_problems(value, sub, sources, vocabs):
+                    report(node, at, message)
             if parsed.key is not None and not parsed.problems:
                 earlier.append(KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")))
                 for i, tpl in enumerate(parsed.to):

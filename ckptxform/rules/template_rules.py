@@ -77,7 +77,7 @@ def _flow_problems(key: Template, to: tuple[Template, ...], steps: tuple[Step, .
     out: list[Problem] = []
     live = set(key.variables)
     for i, step in enumerate(steps):
-        sub = ("ops", i, step.verb)
+        sub: tuple[str | int, ...] = ("ops", i, step.verb)
         var = step.variable
         if step.op.kind == "reduce":
             if var not in live:
@@ -90,20 +90,20 @@ def _flow_problems(key: Template, to: tuple[Template, ...], steps: tuple[Step, .
                             "of 'to'"))
             live.add(var or "")
     for j, tpl in enumerate(to):
-        sub = ("to", j) if listed else ("to",)
+        where: tuple[str | int, ...] = ("to", j) if listed else ("to",)
         want = set(tpl.variables)
         extra, missing = sorted(live - want), sorted(want - live)
         if extra:
-            out.append((sub, f"{', '.join('{' + v + '}' for v in extra)} of 'key' is not in 'to' and no op "
+            out.append((where, f"{', '.join('{' + v + '}' for v in extra)} of 'key' is not in 'to' and no op "
                         "reduces it; add stack/concat over it, or put it in 'to'"))
         if missing:
-            out.append((sub, f"{', '.join('{' + v + '}' for v in missing)} of 'to' is neither in 'key' nor made "
+            out.append((where, f"{', '.join('{' + v + '}' for v in missing)} of 'to' is neither in 'key' nor made "
                         "by an op; add split/unstack into it, or put it in 'key'"))
-        for name, var in tpl.variables.items():
+        for name, part in tpl.variables.items():
             mine = key.variables.get(name)
-            if mine is not None and var.values is not None and (
-                    mine.values is None or len(mine.values) != len(var.values)):
-                out.append((sub, f"{var.spelled()} pairs with {mine.spelled()} of 'key': enumerate as many "
+            if mine is not None and part.values is not None and (
+                    mine.values is None or len(mine.values) != len(part.values)):
+                out.append((where, f"{part.spelled()} pairs with {mine.spelled()} of 'key': enumerate as many "
                             "names on both sides"))
     return out
 
