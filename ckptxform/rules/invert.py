@@ -65,6 +65,8 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
     if rules.config is not None:
         notes.append("config: the forward rules build the output config; write the inverse's config section "
                      "by hand")
+    if rules.file_rules:
+        notes.append("files: the forward rules copy non-weight files; list the inverse's by hand")
     if rules.require.loaded:
         notes.append("require.loaded of the forward rules names their outputs; state the inverse's by hand")
     return data, notes
