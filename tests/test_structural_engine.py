@@ -409,3 +409,13 @@ def test_plan_errors_are_one_line_exit_1_and_no_output(tmp_path: Path, case: str
     (line,) = stderr.strip().splitlines()
     assert want in line and f"({rule}:9)" in line, line
     assert not (tmp_path / "out").exists() and sorted(p.name for p in (tmp_path / "src").iterdir()) == before
+
+
+def test_an_op_argument_falls_back_to_its_default(tmp_path: Path) -> None:
+    src = mixtral_legacy(2, layers=1)
+    write_model(tmp_path / "src", src, {"hidden_size": 5})
+    got = run(tmp_path, rule_file(tmp_path, MIXTRAL_RULE.replace("${config.num_local_experts}",
+                                                                 "${config.num_local_experts ?? 2}")))
+    base = "model.layers.0.block_sparse_moe.experts"
+    assert same_bits(got["model.layers.0.mlp.experts.down_proj"],
+                     torch.stack([src[f"{base}.{e}.w2.weight"] for e in range(2)]))
