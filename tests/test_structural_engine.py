@@ -419,3 +419,28 @@ def test_an_op_argument_falls_back_to_its_default(tmp_path: Path) -> None:
     base = "model.layers.0.block_sparse_moe.experts"
     assert same_bits(got["model.layers.0.mlp.experts.down_proj"],
                      torch.stack([src[f"{base}.{e}.w2.weight"] for e in range(2)]))
+
+
+def test_config_from_params_json_with_shape_and_arithmetic(tmp_path: Path) -> None:
+    write_model(tmp_path / "src", {"layers.0.feed_forward.w1.weight": rand(14, 8)},
+                {"dim": 8, "n_heads": 4, "n_kv_heads": 2}, config_name="params.json")
+    rule = tmp_path / "meta.yaml"
+    rule.write_text(textwrap.dedent("""\
+        version: 1
+        sources:
+          model: {path: src, config: params.json}
+        tensors:
+          - match: '.+'
+        config:
+          from: model
+          keep: []
+          set:
+            hidden_size: ${config.dim}
+            head_dim: ${config.dim // config.n_heads}
+            intermediate_size: ${shape.layers.0.feed_forward.w1.weight[0]}
+            num_key_value_heads: '${config.n_kv_heads ?? 1}'
+            rope_theta: '${config.rope_theta ?? 500000.0}'
+        """))
+    run(tmp_path, rule)
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {
+        "hidden_size": 8, "head_dim": 2, "intermediate_size": 14, "num_key_value_heads": 2, "rope_theta": 500000.0}
