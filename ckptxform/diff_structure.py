@@ -5,6 +5,8 @@
 - concat: tensors of A that differ only in one segment and one tensor of B, equal except
   there, whose dim 0 is the sum of theirs, ordered as B's segment names them
   (``{q,k,v}_proj`` -> ``qkv_proj``); split is the same read the other way;
+- stack then concat: stacked runs of experts whose parts a fused B tensor spells, along
+  dim 1 (``experts.{E}.{gate_proj,up_proj}.weight`` -> ``experts.gate_up_proj`` [E, 2I, H]);
 - transpose: a 2-D tensor of A and one of B (the same key, or keys differing only in
   numbers) with the two dims swapped.
 
@@ -36,7 +38,7 @@ def infer_structure(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[
     """Rules explaining keys only in A by keys only in B (and changed shapes), generalized."""
     found: list[StructuralRule] = []
     left_a, left_b = dict(a), dict(b)
-    for finder in (_stacks, _concats, _splits, _transposes):
+    for finder in (_stack_concats, _stacks, _concats, _splits, _transposes):
         for rule in finder(left_a, left_b):
             if all(k in left_a for k in rule.a_keys) and all(k in left_b for k in rule.b_keys):
                 found.append(rule)
@@ -59,23 +61,29 @@ def _groups(keys: dict[str, TensorInfo], numeric: bool) -> dict[tuple[str, int],
     return out
 
 
-def _stacks(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[StructuralRule]:
+def _stackable(a: dict[str, TensorInfo]) -> list[tuple[str, list[TensorInfo]]]:
+    """(pattern with '{}' for the index, members 0..n-1) of tensors differing only in one
+    numeric segment, all of one shape and dtype."""
     out = []
     for (pattern, _), members in _groups(a, numeric=True).items():
-        n = len(members)
-        infos = [members.get(str(i)) for i in range(n)]
-        if n < 2 or any(x is None for x in infos):
-            continue
-        first = infos[0]
-        assert first is not None
-        if any((x.shape, x.dtype) != (first.shape, first.dtype) for x in infos if x is not None):
-            continue
+        infos = [members.get(str(i)) for i in range(len(members))]
+        present = [x for x in infos if x is not None]
+        if len(present) >= 2 and len(present) == len(infos) and \
+                all((x.shape, x.dtype) == (present[0].shape, present[0].dtype) for x in present):
+            out.append((pattern, present))
+    return out
+
+
+def _stacks(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[StructuralRule]:
+    out = []
+    for pattern, infos in _stackable(a):
+        n, first = len(infos), infos[0]
         stacked = pattern.replace(".{}", "").replace("{}.", "")
         candidates = [k for k, v in b.items() if (v.shape, v.dtype) == ((n, *first.shape), first.dtype)]
         target = _closest(stacked, candidates)
         if target is not None:
             out.append(StructuralRule(pattern.replace("{}", "{E}"), target, (f"{{stack: {{over: E, count: {n}}}}}",),
-                                      tuple(x.key for x in infos if x is not None), (target,)))
+                                      tuple(x.key for x in infos), (target,)))
     return out
 
 
@@ -90,7 +98,7 @@ def _ordered(segment: str, names: list[str]) -> list[str] | None:
     return [n for _, n in found] if len(found) >= 2 and spelled.replace("_", "") == stem.replace("_", "") else None
 
 
-def _concats(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[StructuralRule]:
+def _concats(a: dict[str, TensorInfo], b: dict[str, TensorInfo], dim: int = 0) -> list[StructuralRule]:
     out = []
     for (pattern, i), members in _groups(a, numeric=False).items():
         if len(members) < 2:
@@ -100,12 +108,35 @@ def _concats(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[Structu
             if len(parts) != pattern.count(".") + 1 or ".".join(parts[:i] + ["{}"] + parts[i + 1:]) != pattern:
                 continue
             order = _ordered(parts[i], list(members))
-            if order is None or not _fits(vb, [members[m] for m in order]):
+            if order is None or not _fits(vb, [members[m] for m in order], dim):
                 continue
-            sizes = ", ".join(str(members[m].shape[0]) for m in order)
+            sizes = ", ".join(str(members[m].shape[dim]) for m in order)
             out.append(StructuralRule(pattern.replace("{}", "{P:" + ",".join(order) + "}"), kb,
-                                      (f"{{concat: {{over: P, dim: 0, sizes: [{sizes}]}}}}",),
+                                      (f"{{concat: {{over: P, dim: {dim}, sizes: [{sizes}]}}}}",),
                                       tuple(members[m].key for m in order), (kb,)))
+    return out
+
+
+def _stack_concats(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[StructuralRule]:
+    """Experts stacked, then their parts concatenated along dim 1 (transformers' fused
+    ``gate_up_proj`` [E, 2I, H] from ``experts.E.{gate_proj,up_proj}.weight``)."""
+    stacked: dict[str, TensorInfo] = {}
+    behind: dict[str, tuple[str, list[TensorInfo]]] = {}
+    for pattern, infos in _stackable(a):
+        name = pattern.replace(".{}", "")
+        for spelled in {name, name.removesuffix(".weight")}:  # the fused key may drop '.weight'
+            stacked[spelled] = TensorInfo(spelled, infos[0].dtype, (len(infos), *infos[0].shape), "", 0, 0)
+            behind[spelled] = (pattern, infos)
+    out = []
+    for rule in _concats(stacked, b, dim=1):
+        groups = [behind[name] for name in rule.a_keys]
+        patterns = [pattern.split(".") for pattern, _ in groups]
+        varying = next(i for i in range(len(patterns[0])) if len({p[i] for p in patterns}) > 1)
+        key = list(patterns[0])
+        key[varying] = "{P:" + ",".join(p[varying] for p in patterns) + "}"
+        out.append(StructuralRule(".".join(key).replace("{}", "{E}"), rule.to,
+                                  (f"{{stack: {{over: E, count: {len(groups[0][1])}}}}}", rule.ops[0]),
+                                  tuple(x.key for _, infos in groups for x in infos), rule.b_keys))
     return out
 
 
@@ -117,9 +148,13 @@ def _splits(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[Structur
     return out
 
 
-def _fits(whole: TensorInfo, parts: list[TensorInfo]) -> bool:
-    return (all(p.dtype == whole.dtype and len(p.shape) == len(whole.shape) and p.shape[1:] == whole.shape[1:]
-                for p in parts) and bool(whole.shape) and sum(p.shape[0] for p in parts) == whole.shape[0])
+def _fits(whole: TensorInfo, parts: list[TensorInfo], dim: int = 0) -> bool:
+    """``whole`` is ``parts`` concatenated along ``dim`` (shapes and dtype, nothing read)."""
+    def others(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape[:dim] + shape[dim + 1:]
+    return (len(whole.shape) > dim and all(p.dtype == whole.dtype and len(p.shape) == len(whole.shape)
+                                           and others(p.shape) == others(whole.shape) for p in parts)
+            and sum(p.shape[dim] for p in parts) == whole.shape[dim])
 
 
 def _transposes(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[StructuralRule]:

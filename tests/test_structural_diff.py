@@ -79,3 +79,18 @@ def test_an_unequal_split_is_inferred(tmp_path: Path, run_cli) -> None:  # type:
          ("{split: {into: P, dim: 0, sizes: [8, 4, 4]}}",))]
     assert result.unexplained_a == ["layers.0.gate_up_proj.weight"]  # B has no counterpart: skipped
     assert_same(apply_emitted(tmp_path, tmp_path / "a", tmp_path / "b", run_cli), b)
+
+
+def test_stack_then_concat_of_experts_is_inferred(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    a = {f"model.layers.{layer}.mlp.experts.{e}.{name}_proj.weight": rand(6, 4, seed=100 * layer + 10 * e + i)
+         for layer in range(2) for e in range(3) for i, name in enumerate(("gate", "up"))}
+    b = {f"model.layers.{layer}.mlp.experts.gate_up_proj": torch.cat(
+        [torch.stack([a[f"model.layers.{layer}.mlp.experts.{e}.{n}_proj.weight"] for e in range(3)])
+         for n in ("gate", "up")], dim=1) for layer in range(2)}
+    write_model(tmp_path / "a", a, {})
+    write_model(tmp_path / "b", b)
+    result = checkpoint_diff(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert [(s.key, s.to, s.ops) for s in result.structural] == [
+        ("model.layers.{L}.mlp.experts.{E}.{P:gate_proj,up_proj}.weight", "model.layers.{L}.mlp.experts.gate_up_proj",
+         ("{stack: {over: E, count: 3}}", "{concat: {over: P, dim: 1, sizes: [6, 6]}}"))]
+    assert_same(apply_emitted(tmp_path, tmp_path / "a", tmp_path / "b", run_cli), b)
