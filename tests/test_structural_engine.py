@@ -444,3 +444,18 @@ def test_config_from_params_json_with_shape_and_arithmetic(tmp_path: Path) -> No
     run(tmp_path, rule)
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == {
         "hidden_size": 8, "head_dim": 2, "intermediate_size": 14, "num_key_value_heads": 2, "rope_theta": 500000.0}
+
+
+def test_a_key_template_skips_with_its_reason(tmp_path: Path) -> None:
+    write_model(tmp_path / "src", {"h.0.attn.bias": rand(1, 1, 4, 4), "h.1.attn.bias": rand(1, 1, 4, 4),
+                                   "h.0.attn.c_proj.weight": rand(3, 3)})
+    got = run(tmp_path, rule_file(tmp_path, """\
+        tensors:
+          - key: 'h.{N}.attn.bias'
+            skip: causal mask buffer, not a weight
+          - key: 'h.{N}.attn.c_proj.weight'
+        """))
+    assert sorted(got) == ["h.0.attn.c_proj.weight"]
+    records = {e["key"]: e for e in read_audit(tmp_path / "out") if e["event"] == "tensor"}
+    assert (records["h.1.attn.bias"]["action"], records["h.1.attn.bias"]["reason"]) == (
+        "skipped", "causal mask buffer, not a weight")
