@@ -459,3 +459,20 @@ def test_a_key_template_skips_with_its_reason(tmp_path: Path) -> None:
     records = {e["key"]: e for e in read_audit(tmp_path / "out") if e["event"] == "tensor"}
     assert (records["h.1.attn.bias"]["action"], records["h.1.attn.bias"]["reason"]) == (
         "skipped", "causal mask buffer, not a weight")
+
+
+def test_require_loaded_names_the_source_key_a_template_would_read(tmp_path: Path) -> None:
+    write_model(tmp_path / "src", {"model.layers.0.mlp.gate.weight": rand(2, 3)})
+    rule = rule_file(tmp_path, """\
+        tensors:
+          - key: 'model.layers.{L}.block_sparse_moe.gate.weight'
+            to: 'model.layers.{L}.mlp.gate.weight'
+          - match: '.+'
+            rename: 'x.\\g<0>'
+        require:
+          loaded: ['model\\.layers\\.0\\.mlp\\.gate\\.weight']
+        """)
+    with pytest.raises(RequirementError) as err:
+        run(tmp_path, rule)
+    assert "tensors[0] (" in str(err.value) and \
+        "would produce it from 'model.layers.0.block_sparse_moe.gate.weight', which 'model' does not have" in str(err.value)

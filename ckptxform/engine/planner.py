@@ -17,6 +17,7 @@ from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_key
 from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
 from ..rules.model import AddEntry, RuleSet, TensorRule, VocabSpec
+from ..rules.templates import expand_from
 from ..sources.base import Checkpoint, TensorInfo
 from ..sources.pins import FilePin, pin_existing, pin_path
 from ..sources.vocab_files import load_vocab_file
@@ -498,6 +499,12 @@ def _invalid_key(key: str) -> str | None:
 def _source_key_for(rule: TensorRule, output_key: str) -> str | None:
     """The source key from which ``rule`` would produce ``output_key``, when that can be told."""
     if rule.skip is not None:
+        return None
+    if rule.template is not None:  # a key template read backwards: one source key per output
+        for target in rule.to:
+            bound = target.match(output_key)
+            if bound is not None and set(rule.template.variables) <= set(bound):
+                return expand_from(rule.template, target, bound)
         return None
     if rule.rename is None:
         literal = regex_literal(rule.match)
