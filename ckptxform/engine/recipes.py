@@ -212,6 +212,11 @@ class _Chain:
     def sources(self) -> tuple[ProgramInput, ...]:
         return self.program_inputs
 
+    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
+        """An op chain reads its inputs whole (a Hub source downloads their files rather
+        than fetch a range per row)."""
+        return [(ref.source, ref.info(plan).file) for ref in self.inputs]
+
     def origin(self) -> dict[str, Any]:
         return {"inputs": [ref.to_dict() for ref in self.inputs], "ops": list(self.steps)}
 
