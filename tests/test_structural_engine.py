@@ -476,3 +476,19 @@ def test_require_loaded_names_the_source_key_a_template_would_read(tmp_path: Pat
         run(tmp_path, rule)
     assert "tensors[0] (" in str(err.value) and \
         "would produce it from 'model.layers.0.block_sparse_moe.gate.weight', which 'model' does not have" in str(err.value)
+
+
+def test_a_rerun_of_an_op_chain_is_up_to_date(tmp_path: Path) -> None:
+    write_model(tmp_path / "src", {"h.0.mlp.c_fc.weight": rand(4, 8), "e.w": rand(2, 3, 4)})
+    rule = rule_file(tmp_path, """\
+        tensors:
+          - key: 'h.{N}.mlp.c_fc.weight'
+            ops: [{transpose: [0, 1]}, {rope_permute: {heads: 2}}]
+          - key: 'e.w'
+            to: 'e.{E}.w'
+            ops: [{unstack: {into: E}}]
+        """)
+    sources = {"model": str(tmp_path / "src")}
+    first = api.apply(rule, out=tmp_path / "out", sources=sources, progress=False)
+    again = api.apply(rule, out=tmp_path / "out", sources=sources, progress=False)
+    assert not first.up_to_date and again.up_to_date
