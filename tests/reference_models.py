@@ -106,6 +106,12 @@ def _config(family: str, dims: Dims, **extra: Any) -> Any:
             moe["shared_expert_intermediate_size"] = dims.shared
             return transformers.Qwen2MoeConfig(**common, **moe, **extra)
         return transformers.Qwen3MoeConfig(**common, **moe, **extra)
+    if family == "deepseek_v3":  # MLA attention; layer 0 dense, shared experts after
+        return transformers.DeepseekV3Config(
+            **common, n_routed_experts=dims.experts, n_shared_experts=1, num_experts_per_tok=2,
+            moe_intermediate_size=dims.intermediate - 4, n_group=1, topk_group=1,
+            first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=6, **extra)
     if family == "phi3":
         return transformers.Phi3Config(**common, **extra)
     if family == "llama":
@@ -114,7 +120,8 @@ def _config(family: str, dims: Dims, **extra: Any) -> Any:
 
 
 _CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+            "phi3": "Phi3ForCausalLM",
             "llama": "LlamaForCausalLM"}
 
 

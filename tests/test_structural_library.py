@@ -12,8 +12,10 @@ with other sizes, seeds and dtypes that no other test builds. For each case:
   transformers; Meta layouts by a reference forward written from Meta's definition);
 - ``ckptxform invert`` of the rule gives the reverse, and the round trip is
   byte-identical to the source.
-Odd sizes throughout: hidden 20/28 (not a power of two), 3 or 5 experts, 5 heads with
-1 kv head, GQA, sharded sources, float32 and bfloat16, .safetensors and .pth.
+Odd sizes throughout: hidden 20/28/36 (not a power of two), 3 or 5 experts, 5 heads with
+1 kv head, GQA, sharded sources, float32 and bfloat16, .safetensors and .pth; the
+qwen2_moe-family rule on Qwen2-MoE (shared expert, a dense layer), Qwen3-MoE (no shared
+expert, q/k norms) and DeepSeek-V3 (MLA, shared experts, n_routed_experts).
 
 transformers is the optional ``reference`` extra: these tests are marked ``reference``
 and skip with a message when it is missing (CI runs them in their own step).
@@ -60,7 +62,7 @@ pytestmark = [
 
 RULES = REPO / "rules"
 MOE_CLASSES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM"}
+               "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,10 @@ UNSEEN = (
          _hf("qwen3_moe", Dims(hidden=20, heads=5, kv_heads=1, layers=1, head_dim=6,
                                 intermediate=16, experts=5), 23),
          "Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM", fused="qwen3_moe"),
+    Case("unseen-deepseek-v3-shared-experts-dense-first", "qwen2_moe_legacy_to_fused.yaml",
+         _hf("deepseek_v3", Dims(hidden=24, heads=4, kv_heads=4, layers=2, intermediate=20,
+                                 experts=5), 30),
+         "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM", fused="deepseek_v3"),
     Case("unseen-phi3-gqa-bf16", "phi3_to_llama.yaml",
          _hf("phi3", Dims(hidden=36, heads=6, kv_heads=2, layers=1, intermediate=40), 24,
               dtype=torch.bfloat16),
@@ -298,7 +304,7 @@ def test_cases_cover_every_structural_rule() -> None:
     from reference_models import STRUCTURAL_RULES
 
     assert {c.rule for c in LIBRARY} == {c.rule for c in UNSEEN} == set(STRUCTURAL_RULES)
-    assert {c.fused for c in CASES} >= {"mixtral", "qwen2_moe", "qwen3_moe"}
+    assert {c.fused for c in CASES} >= set(MOE_CLASSES)
 
 
 def test_transformers_is_5x() -> None:
