@@ -209,7 +209,7 @@ def _check_index(root: Path, written: dict[str, dict[str, Any]]) -> list[str]:
 
 def _check_config(root: Path, summary: dict[str, Any]) -> list[str]:
     recorded = summary.get("config_sha256")
-    path = root / "config.json"
+    path = root / summary.get("config_file", "config.json")  # older audits: config.json
     if recorded is None:
         return [f"{path}: present but the audit records no config"] if path.exists() else []
     try:

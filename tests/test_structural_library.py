@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -331,3 +332,28 @@ def test_the_engine_never_imports_transformers(runs: Callable[[Case], Run], tmp_
         "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_meta_output_writes_params_json_and_verifies(runs: Callable[[Case], Run], tmp_path: Path) -> None:
+    """hf_llama_to_meta writes its config as params.json (output.config_file), and
+    ``ckptxform verify`` checks that file, not a config.json."""
+    from ckptxform.errors import VerifyError
+    from ckptxform.verify import verify
+
+    run = runs(LIBRARY[-1])
+    assert sorted(p.name for p in run.out.iterdir() if p.suffix != ".jsonl") == [
+        "consolidated.safetensors", "params.json"]
+    params = json.loads((run.out / "params.json").read_text())
+    config = run.source.model.config
+    assert params == {"dim": config.hidden_size, "n_layers": config.num_hidden_layers,
+                      "n_heads": config.num_attention_heads,
+                      "n_kv_heads": config.num_key_value_heads, "vocab_size": config.vocab_size,
+                      "norm_eps": config.rms_norm_eps,
+                      "rope_theta": config.rope_parameters["rope_theta"],
+                      "hidden_dim": config.intermediate_size,
+                      "multiple_of": config.intermediate_size, "ffn_dim_multiplier": None}
+    assert verify(run.out).tensors == len(read_tensors(run.out))
+    edited = shutil.copytree(run.out, tmp_path / "edited")
+    (edited / "params.json").write_text(json.dumps(params | {"n_kv_heads": 1}))
+    with pytest.raises(VerifyError, match=r"params\.json: changed after apply"):
+        verify(edited)

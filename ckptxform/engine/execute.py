@@ -128,7 +128,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                         raise
                 config_sha256 = None
                 if plan.config is not None:
-                    config_path = writer.write_json("config.json", plan.config)
+                    config_path = writer.write_json(plan.rules.output.config_file, plan.config)
                     config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
                 bytes_written = writer.bytes_written
             copied = copy_files(plan.files, plan.checkpoints, odir.tmp_path)
@@ -145,6 +145,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
                          "written": len(written), "bytes_written": bytes_written,
                          "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
+                         "config_file": plan.rules.output.config_file,
                          "warnings": list(plan.warnings)})
             # every byte is read: a source written to since it was planned fails the run here
             check_unchanged(plan.files_read())

@@ -479,7 +479,8 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
     out = {k: n.value for k, n in m.output.items()}
     output = OutputSpec(
         max_shard_size=parse_size(out["max_shard_size"]) if "max_shard_size" in out else None,
-        dtype=out.get("dtype"), file_name=out.get("file_name", "model.safetensors"))
+        dtype=out.get("dtype"), file_name=out.get("file_name", "model.safetensors"),
+        config_file=out.get("config_file", "config.json"))
     convert = m.scalars["convert"].value if "convert" in m.scalars else (
         next(iter(sources)) if len(sources) == 1 else None)
     name = m.scalars["name"].value if "name" in m.scalars else Path(label).stem

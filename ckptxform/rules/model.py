@@ -166,6 +166,7 @@ class OutputSpec:
     max_shard_size: int | None = None
     dtype: str | None = None
     file_name: str = "model.safetensors"
+    config_file: str = "config.json"  # Meta/Mistral layouts read params.json
 
 
 @dataclass(frozen=True)
