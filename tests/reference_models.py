@@ -161,6 +161,8 @@ def load_strict(cls_name: str, path: Path) -> Any:
     key (what a user loading our output relies on)."""
     import transformers
 
+    # Without a config.json transformers would build the class's full-size default model.
+    assert (path / "config.json").is_file(), f"{path}: no config.json"
     model, info = getattr(transformers, cls_name).from_pretrained(
         path, dtype="auto", output_loading_info=True, experts_implementation=EXPERTS)
     problems = {k: v for k, v in info.items() if v and k != "error_msgs"} | (
