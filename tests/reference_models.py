@@ -137,12 +137,29 @@ def build_hf(root: Path, family: str, dims: Dims, *, seed: int,
     model = getattr(transformers, _CLASSES[family])(config).to(dtype)
     randomize(model, seed)
     _save(model, root, shard_size)
+    save_tokenizer(root, dims.vocab)
     return Built(root, model)
 
 
 def _save(model: Any, root: Path, shard_size: str | None, **options: Any) -> None:
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(root, **kwargs, **options)
+
+
+def save_tokenizer(root: Path, vocab: int) -> None:
+    """A word-level tokenizer over tokens ``t0``..``t{vocab-1}`` with a chat template,
+    saved as transformers saves one (tokenizer.json, tokenizer_config.json,
+    chat_template.jinja): the files a whole-model rule must carry into its output."""
+    import tokenizers
+    import transformers
+
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=words, bos_token="t0",
+                                                eos_token="t1", unk_token="t0")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(root)
 
 
 def transformers_fused(legacy: Path, out: Path, family: str) -> Path:
@@ -197,6 +214,7 @@ def build_gpt2(root: Path, *, hidden: int, heads: int, layers: int, vocab: int, 
     root.mkdir(parents=True)
     save_file(state, root / "model.safetensors", metadata={"format": "pt"})
     config.save_pretrained(root)
+    save_tokenizer(root, vocab)
     return Built(root, model)
 
 
@@ -249,6 +267,15 @@ def build_meta(root: Path, *, dim: int, n_heads: int, n_kv_heads: int, n_layers:
         save_file(state, root / file_name)
     (root / "params.json").write_text(json.dumps(params, indent=2))
     return Built(root / file_name, None, params)
+
+
+def meta_keys(n_layers: int) -> set[str]:
+    """The state-dict keys of Meta's reference ``Transformer`` (llama/model.py)."""
+    layer = ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+             "attention.wo.weight", "feed_forward.w1.weight", "feed_forward.w2.weight",
+             "feed_forward.w3.weight", "attention_norm.weight", "ffn_norm.weight")
+    return {"tok_embeddings.weight", "norm.weight", "output.weight"} | {
+        f"layers.{n}.{name}" for n in range(n_layers) for name in layer}
 
 
 def meta_forward(state: Mapping[str, torch.Tensor], params: Mapping[str, Any],

@@ -46,7 +46,9 @@ from reference_models import (
     load_strict,
     logits,
     meta_forward,
+    meta_keys,
     read_tensors,
+    save_tokenizer,
     tensor_bytes,
     transformers_fused,
 )
@@ -100,6 +102,7 @@ def _untied_copy(dims: Dims, seed: int, **options: Any) -> Callable[[Path], Buil
         model.config.tie_word_embeddings = False
         model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
         model.save_pretrained(root / "untied")
+        save_tokenizer(root / "untied", dims.vocab)
         return Built(root / "untied", model)
 
     return build
@@ -230,7 +233,9 @@ def _output_logits(run: Run) -> torch.Tensor:
         return logits(_output_model(run).float())
     if run.case.rule == "hf_llama_to_meta.yaml":
         params = json.loads((run.out / "params.json").read_text())
-        return meta_forward(read_tensors(run.out), params)
+        state = read_tensors(run.out)
+        assert set(state) == meta_keys(params["n_layers"])  # what Meta's model loads, no more
+        return meta_forward(state, params)
     # GPT-2 with Linear layers: transformers' GPT-2 forward on our state dict
     model = gpt2_with_linear_layers(run.source.model.config)
     problems = model.transformer.load_state_dict(read_tensors(run.out), strict=False)
@@ -357,3 +362,25 @@ def test_meta_output_writes_params_json_and_verifies(runs: Callable[[Case], Run]
     (edited / "params.json").write_text(json.dumps(params | {"n_kv_heads": 1}))
     with pytest.raises(VerifyError, match=r"params\.json: changed after apply"):
         verify(edited)
+
+
+#: rules that convert a whole HF model, so their output must be servable as it is
+CARRY_FILES = ("mixtral_legacy_to_fused.yaml", "qwen2_moe_legacy_to_fused.yaml", "phi3_to_llama.yaml",
+               "gpt2_conv1d_to_linear.yaml", "untie_embeddings.yaml", "tie_embeddings.yaml")
+SERVING_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                 "generation_config.json")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.rule in CARRY_FILES], ids=lambda c: c.id)
+def test_whole_model_output_carries_tokenizer_chat_template_and_generation_config(
+        case: Case, runs: Callable[[Case], Run]) -> None:
+    import transformers
+
+    run = runs(case)
+    present = [name for name in SERVING_FILES if (run.source.path / name).exists()]
+    assert present[:3] == list(SERVING_FILES[:3])
+    for name in present:
+        assert (run.out / name).read_bytes() == (run.source.path / name).read_bytes(), name
+    chat = [{"role": "user", "content": "t4 t9"}]
+    ours, theirs = (transformers.AutoTokenizer.from_pretrained(p) for p in (run.out, run.source.path))
+    assert ours.apply_chat_template(chat, tokenize=True) == theirs.apply_chat_template(chat, tokenize=True)
