@@ -362,6 +362,10 @@ def test_meta_output_writes_params_json_and_verifies(runs: Callable[[Case], Run]
     (edited / "params.json").write_text(json.dumps(params | {"n_kv_heads": 1}))
     with pytest.raises(VerifyError, match=r"params\.json: changed after apply"):
         verify(edited)
+    # An earlier Meta output is ckptxform's own (params.json included): --force replaces it.
+    again = api.apply(RULES / run.case.rule, out=edited, sources={"model": str(run.source.path)},
+                      force=True, progress=False)
+    assert (again.out / "params.json").read_text() == (run.out / "params.json").read_text()
 
 
 #: rules that convert a whole HF model, so their output must be servable as it is

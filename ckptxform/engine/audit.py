@@ -60,7 +60,7 @@ def not_an_earlier_output(out: Path) -> str | None:
     files = last.get("files") if last is not None and last.get("event") == "summary" else None
     if last is None or last.get("status") != "ok" or not isinstance(files, list):
         return f"has a {AUDIT_FILE} that does not end with the summary of a completed run"
-    written = {AUDIT_FILE, CONFIG_FILE, *map(str, files)}
+    written = {AUDIT_FILE, str(last.get("config_file", CONFIG_FILE)), *map(str, files)}
     written |= {f"{m.group(1)}.safetensors.index.json" for f in written if (m := _SHARD.fullmatch(f))}
     written |= {str(e["file"]) for line in lines if b'"event": "file"' in line
                 and (e := _event(line)) is not None and e.get("action") == "copied" and "file" in e}

@@ -79,9 +79,9 @@ def _candidates(ckpt: Checkpoint) -> list[str]:
             if f not in weights and f not in (CONFIG, AUDIT_FILE) and not _WEIGHT_INDEX.fullmatch(f)]
 
 
-def _reserved(target: str) -> bool:
-    """Names the output's own files take: weights, their index, config.json, the audit."""
-    return "/" not in target and (target.endswith(".safetensors") or target in (CONFIG, AUDIT_FILE)
+def _reserved(target: str, config_file: str) -> bool:
+    """Names the output's own files take: weights, their index, its config, the audit."""
+    return "/" not in target and (target.endswith(".safetensors") or target in (CONFIG, config_file, AUDIT_FILE)
                                   or _WEIGHT_INDEX.fullmatch(target) is not None)
 
 
@@ -106,7 +106,8 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
             if rule.skip is not None:
                 skips.append(FileSkip(source, path, rule.where.short, rule.skip))
             else:
-                _add_copy(copies, FileCopy(source, path, rule.output_path(path), rule.where.short), rule)
+                _add_copy(copies, FileCopy(source, path, rule.output_path(path), rule.where.short), rule,
+                          rules.output.config_file)
         unmatched.append((source, left))
     for rule in rules.file_rules:
         # an entry shadowed by earlier ones (a child's, under extends) is not an error
@@ -119,12 +120,12 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
     return FilesPlan(tuple(copies[t] for t in sorted(copies)), tuple(skips), tuple(unmatched))
 
 
-def _add_copy(copies: dict[str, FileCopy], copy: FileCopy, rule: FileRule) -> None:
+def _add_copy(copies: dict[str, FileCopy], copy: FileCopy, rule: FileRule, config_file: str) -> None:
     problem = path_problem(copy.target)
     if problem is not None:
         raise PlanError(f"{rule.label}: output path {copy.target!r} (for {copy.path!r}) {problem}; fix the rename",
                         source=copy.source)
-    if _reserved(copy.target):
+    if _reserved(copy.target, config_file):
         raise PlanError(f"{rule.label}: would copy {copy.source}:{copy.path!r} to {copy.target!r}, a name the "
                         "output's weights, config.json or audit take; skip the file or rename it",
                         source=copy.source)
