@@ -13,6 +13,7 @@ engine itself never imports transformers.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Mapping
@@ -189,6 +190,10 @@ def load_strict(cls_name: str, path: Path) -> Any:
 
 
 def logits(model: Any, tokens: tuple[tuple[int, ...], ...] = TOKENS) -> torch.Tensor:
+    """Logits computed in float32 (a copy of a lower-precision model: ``model`` stays as
+    it is, so it can still be saved in its own dtype)."""
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        model = copy.deepcopy(model).float()
     with torch.no_grad():
         return model(torch.tensor(tokens)).logits.float()
 

@@ -91,7 +91,7 @@ def test_what_has_no_inverse_is_refused_by_rule_and_op(tmp_path: Path) -> None:
         inverse_yaml(load_rules(rules))
     assert err.value.problems == [
         f"{rules}:6: tensors[0] has no inverse: ops[0] concat: it has no sizes, so the inverse split cannot know "
-        "where to cut; add sizes: [...] to the concat (they are checked at plan time)",
+        "where to cut; add sizes: [...] (or sizes: equal) to the concat (they are checked at plan time)",
         f"{rules}:9: tensors[1] has no inverse: ops[0] resize_rows: resizing drops or invents rows; write the "
         "reverse resize_rows by hand",
         f"{rules}:11: tensors[2] has no inverse: cast: bfloat16 is a lossy cast",
@@ -121,3 +121,33 @@ def test_torch_reference_for_gate_up_is_what_the_forward_writes(tmp_path: Path) 
     fused = read_output(tmp_path / "out")["model.layers.0.mlp.experts.gate_up_proj"]
     base = "model.layers.0.block_sparse_moe.experts"
     assert torch.equal(fused[2, :6], src[f"{base}.2.w1.weight"]) and torch.equal(fused[2, 6:], src[f"{base}.2.w3.weight"])
+
+
+def test_inverse_turns_declarations_config_names_and_config_files_around(tmp_path: Path) -> None:
+    """A module path `{X*}` and enumerations are declared on the side that now matches;
+    `${config.n_heads}` is read under the name the forward wrote it to; the inverse of a
+    params.json reader writes params.json and reads config.json; `sizes: equal` and a
+    stack count become an equal split and an unstack counting dim 0."""
+    rules = tmp_path / "r.yaml"
+    rules.write_text("version: 1\nsources:\n  model: {path: src, config: params.json}\nconvert: model\n"
+                     + textwrap.dedent("""\
+        tensors:
+          - key: '{X*}.experts.{E}.{P:w1,w3}.weight'
+            to: '{X}.experts.gate_up'
+            ops:
+              - stack: {over: E, count: '${shape.{X}.gate.weight[0]}'}
+              - concat: {over: P, dim: 1, sizes: equal}
+          - key: 'layers.{L}.wq.weight'
+            to: 'model.layers.{L}.q_proj.weight'
+            ops: [{rope_permute: {heads: '${config.n_heads}'}}]
+          - match: '.+'
+        config:
+          from: model
+          keep: []
+          set: {num_attention_heads: '${config.n_heads}'}
+        """))
+    text = inverse_yaml(load_rules(rules))
+    assert "key: '{X*}.experts.gate_up'" in text and "to: '{X}.experts.{E}.{P:w1,w3}.weight'" in text
+    assert "- split: {into: P, dim: 1}" in text and "- unstack: {into: E}" in text
+    assert "rope_unpermute: {heads: '${config.num_attention_heads}'}" in text
+    assert "config: params.json" not in text and "output: {config_file: params.json}" in text

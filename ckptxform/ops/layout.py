@@ -56,7 +56,9 @@ class Stack(OpDef):
         return View((len(members), *members[0][1].shape), dtype, join_runs(v.runs for _, v in members))
 
     def inverse(self, args: Any) -> tuple[str, Any]:
-        return "unstack", {"into": args["over"], **({"count": args["count"]} if "count" in args else {})}
+        # The forward checked the count; the unstack reads it from dim 0 (a count from
+        # the forward source's shapes or config would not resolve on the inverse's).
+        return "unstack", {"into": args["over"]}
 
 
 class Unstack(OpDef):
@@ -93,10 +95,12 @@ def concat_views(views: list[View], dim: int, dtype: str) -> View:
 class Concat(OpDef):
     verb = "concat"
     kind = "reduce"
-    description = ("Along dim, in the enumeration's listed order; sizes (optional) are checked, "
-                   "and let `ckptxform invert` write the split back.")
+    description = ("Along dim, in the enumeration's listed order; sizes (optional: a list, or 'equal') "
+                   "are checked, and let `ckptxform invert` write the split back.")
     schema = {"type": "object", "additionalProperties": False, "required": ["over", "dim"],
-              "properties": {"over": _VAR, "dim": _DIM, "sizes": {"type": "array", "items": _EXPR, "minItems": 1}}}
+              "properties": {"over": _VAR, "dim": _DIM, "sizes": {"oneOf": [
+                  {"type": "array", "items": _EXPR, "minItems": 1},
+                  {"const": "equal", "description": "every part has the same size along dim (gate and up)"}]}}}
 
     def reduce(self, args: Any, ctx: Context, members: list[tuple[str, View]]) -> Value:
         first = members[0][1].shape
@@ -106,9 +110,13 @@ class Concat(OpDef):
                 listing = ", ".join(f"{n}: {list(m.shape)}" for n, m in members)
                 raise ctx.error(f"concat over {args['over']} along dim {dim}: shapes differ outside dim {dim} "
                                 f"({listing})")
-        if "sizes" in args:
+        got = [v.shape[dim] for _, v in members]
+        if args.get("sizes") == "equal":
+            if len(set(got)) > 1:
+                raise ctx.error(f"concat over {args['over']}: sizes: equal, but the tensors have {got} "
+                                f"along dim {dim}")
+        elif "sizes" in args:
             want = [ctx.integer(s, "concat.sizes") for s in args["sizes"]]
-            got = [v.shape[dim] for _, v in members]
             if want != got:
                 raise ctx.error(f"concat over {args['over']}: sizes are {want} but the tensors have {got} "
                                 f"along dim {dim}")
@@ -117,7 +125,9 @@ class Concat(OpDef):
     def inverse(self, args: Any) -> tuple[str, Any]:
         if "sizes" not in args:
             raise NoInverse("it has no sizes, so the inverse split cannot know where to cut; add "
-                            "sizes: [...] to the concat (they are checked at plan time)")
+                            "sizes: [...] (or sizes: equal) to the concat (they are checked at plan time)")
+        if args["sizes"] == "equal":
+            return "split", {"into": args["over"], "dim": args["dim"]}
         return "split", {"into": args["over"], "dim": args["dim"], "sizes": args["sizes"]}
 
 

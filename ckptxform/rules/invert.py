@@ -14,6 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -21,9 +22,10 @@ import yaml
 from .._data import data_dir
 from ..errors import RuleError
 from ..ops.base import NoInverse
-from .expr import is_expression, parse_expression
+from .expr import Ref, is_expression, parse_expression
 from .loader import load_rules, regex_literal
 from .model import RuleSet, TensorRule
+from .templates import Template, Var
 
 # one group of a rename-able regex: (.+), (.*), ([^.]+), (\d+) and the like, no nesting
 _GROUP = re.compile(r"\((?!\?)((?:[^()\\]|\\.)*)\)")
@@ -37,6 +39,7 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
     entries: list[dict[str, Any]] = []
     front: list[dict[str, Any]] = []
     notes: list[str] = []
+    config_fields = _config_fields(rules)
     for rule in rules.tensors:
         try:
             if rule.skip is not None:
@@ -45,7 +48,8 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
             if rule.tie is not None:
                 front.append(_untie(rule))
                 continue
-            entries.extend(_invert_key_rule(rule) if rule.template is not None else [_invert_match_rule(rule)])
+            entries.extend(_invert_key_rule(rule, config_fields) if rule.template is not None
+                           else [_invert_match_rule(rule)])
         except NoInverse as why:
             problems.append(f"{rule.where.short}: tensors[{rule.index}] has no inverse: {why}")
     if rules.output.dtype:
@@ -61,8 +65,16 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
     data["sources"] = {name: _source(spec, base_dir) for name, spec in rules.sources.items()}
     if rules.convert:
         data["convert"] = rules.convert
+        # The inverse converts the forward's output: it reads the config file the forward
+        # wrote, and writes the one the forward read (Meta's params.json <-> config.json).
+        _set_config_file(data["sources"][rules.convert], rules.output.config_file)
+        read = rules.sources[rules.convert].config_file
+        if read != "config.json":
+            data["output"] = {"config_file": read}
     data["tensors"] = front + entries
-    if rules.config is not None:
+    if rules.config is not None and _passes_config_through(rules):
+        data["config"] = {"from": rules.convert}
+    elif rules.config is not None:
         notes.append("config: the forward rules build the output config; write the inverse's config section "
                      "by hand")
     if rules.file_rules:
@@ -114,7 +126,20 @@ def _source(spec: Any, base_dir: str) -> dict[str, Any]:
     return out
 
 
-def _invert_key_rule(rule: TensorRule) -> list[dict[str, Any]]:
+def _set_config_file(source: dict[str, Any], name: str) -> None:
+    source.pop("config", None)
+    if name != "config.json":
+        source["config"] = name
+
+
+def _passes_config_through(rules: RuleSet) -> bool:
+    """The forward's config is the converted source's, unchanged: so is the inverse's."""
+    spec = rules.config
+    return (spec is not None and spec.from_source == rules.convert and spec.keep is None
+            and not spec.rename and not spec.delete and not spec.set)
+
+
+def _invert_key_rule(rule: TensorRule, config_fields: dict[str, str]) -> list[dict[str, Any]]:
     assert rule.template is not None
     if rule.cast is not None:
         raise NoInverse(f"cast: {rule.cast} is a lossy cast")
@@ -124,20 +149,70 @@ def _invert_key_rule(rule: TensorRule) -> list[dict[str, Any]]:
     for i, step in enumerate(reversed(rule.ops)):
         index = len(rule.ops) - 1 - i
         try:
-            for value in _expressions(step.args):
+            verb, args = step.op.inverse(step.args)
+            for value in _expressions(args):
                 if any(ref.kind == "shape" for ref in parse_expression(value).refs()):
                     raise NoInverse(f"{value} reads a shape of the forward source, which the inverse does not "
                                     "have; write the number or a ${config...} expression")
-            verb, args = step.op.inverse(step.args)
         except NoInverse as why:
             raise NoInverse(f"ops[{index}] {step.verb}: {why}") from None
-        steps.append({verb: args})
-    entry: dict[str, Any] = {"key": rule.to[0].text}
-    if rule.template.text != rule.to[0].text:
-        entry["to"] = rule.template.text
+        steps.append({verb: _through_config(args, config_fields)})
+    key, to = _turned_around(rule.template, rule.to[0])
+    entry: dict[str, Any] = {"key": key}
+    if to != key:
+        entry["to"] = to
     if steps:
         entry["ops"] = steps
     return [entry]
+
+
+def _turned_around(key: Template, to: Template) -> tuple[str, str]:
+    """The inverse's (key, to): each variable's declaration (``{X*}``, ``{P:a,b}``) moves
+    to the side that now matches source keys; the other side names it bare (anonymous
+    enumerations keep their values on both sides, where they pair by position)."""
+    declared = key.variables
+    matched = {name for name in to.variables}
+
+    def declare(var: Var) -> Var:
+        known = declared.get(var.name, var)
+        return Var(var.name, var.values if var.values is not None else known.values, var.multi or known.multi)
+
+    def refer(var: Var) -> Var:
+        return var if var.name.startswith("_") or var.name not in matched else Var(var.name)
+
+    return _spelled(to, declare), _spelled(key, refer)
+
+
+def _spelled(template: Template, respell: Callable[[Var], Var]) -> str:
+    return "".join(p if isinstance(p, str) else respell(p).spelled() for p in template.parts)
+
+
+def _config_fields(rules: RuleSet) -> dict[str, str]:
+    """Forward source config field -> the output config field that holds its value, from
+    ``config.set`` entries that are exactly ``${config.FIELD}`` (Meta's n_heads is written
+    as num_attention_heads): the inverse's converted source is the forward's output."""
+    if rules.config is None:
+        return {}
+    fields: dict[str, str] = {}
+    for path, value, _ in rules.config.set:
+        if isinstance(value, str) and is_expression(value):
+            root = parse_expression(value).root
+            if isinstance(root, Ref) and root.kind == "config":
+                fields.setdefault(".".join(root.path), path)
+    return fields
+
+
+def _through_config(args: Any, fields: dict[str, str]) -> Any:
+    """``args`` with every ``config.FIELD`` the forward output renames read under its new name."""
+    if not fields:
+        return args
+    if isinstance(args, dict):
+        return {k: _through_config(v, fields) for k, v in args.items()}
+    if isinstance(args, list):
+        return [_through_config(v, fields) for v in args]
+    if isinstance(args, str) and is_expression(args):
+        return re.sub(r"\bconfig\.([A-Za-z_][\w.]*)", lambda m: "config." + fields.get(m.group(1), m.group(1)), args)
+    return args
 
 
 def _invert_untie(rule: TensorRule) -> list[dict[str, Any]]:
