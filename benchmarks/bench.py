@@ -64,12 +64,14 @@ for shard in sorted(set(index["weight_map"].values())):
 json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
 """
 
-# What hashing alone costs: the audit log records the sha256 of every output tensor, so
-# every byte ckptxform writes is also hashed (on the second core, alongside the copy).
+# What hashing alone costs: the audit log records the digest of every output tensor
+# (BLAKE3 by default, sha256 by option), so every byte ckptxform writes is also hashed
+# (on the other core, alongside the copy).
 HASH_ONLY = r"""
 import hashlib, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*.safetensors")):
-    h = hashlib.sha256()
+from blake3 import blake3
+for f in sorted(pathlib.Path(sys.argv[2]).glob("*.safetensors")):
+    h = blake3() if sys.argv[1] == "blake3" else hashlib.sha256()
     with open(f, "rb", buffering=0) as fh:
         while block := fh.read(1 << 23):
             h.update(block)
@@ -285,6 +287,8 @@ def main() -> None:
     ap.add_argument("--skip-structural", action="store_true", help="skip the structural-op scenario")
     ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
+    ap.add_argument("--only", default=None, metavar="NAME,...",
+                    help="run only these contenders (comma-separated; cp -r always runs, ratios need it)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="ckptxform-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -310,19 +314,31 @@ def main() -> None:
         contenders: dict[str, Callable[[Path], list[str]]] = {
             "cp -r": lambda out: ["cp", "-r", str(src["drafter"]), str(out)],
             "cp -r + sync": lambda out: ["sh", "-c", f"cp -r '{src['drafter']}' '{out}' && sync '{out}'/*"],
-            "sha256 alone (1 core)": lambda out: [PY, str(hash_only), str(src["drafter"])],
+            "sha256 alone (1 core)": lambda out: [PY, str(hash_only), "sha256", str(src["drafter"])],
+            "blake3 alone (1 core)": lambda out: [PY, str(hash_only), "blake3", str(src["drafter"])],
             "naive rename": lambda out: [PY, str(naive_rename), str(src["drafter"]), str(out)],
             "ckptxform rename": lambda out: [*cli, "apply", str(rename_rule), f"--source=drafter={src['drafter']}",
                                              "--out", str(out)],
             "ckptxform rename --no-fsync": lambda out: [*cli, "apply", str(rename_rule),
                                                         f"--source=drafter={src['drafter']}", "--out", str(out),
                                                         "--no-fsync"],
+            "ckptxform rename --no-fsync --digest sha256": lambda out: [
+                *cli, "apply", str(rename_rule), f"--source=drafter={src['drafter']}", "--out", str(out), "--no-fsync",
+                "--digest", "sha256"],
             "naive headline": lambda out: [PY, str(naive_headline), str(src["drafter"]), str(src["target_vocab"]),
                                            str(src["verifier"]), str(out)],
             "ckptxform headline": lambda out: [*cli, "apply", str(HEADLINE), *headline_sources, "--out", str(out)],
             "ckptxform headline --no-fsync": lambda out: [*cli, "apply", str(HEADLINE), *headline_sources,
                                                           "--out", str(out), "--no-fsync"],
+            "ckptxform headline --no-fsync --digest sha256": lambda out: [
+                *cli, "apply", str(HEADLINE), *headline_sources, "--out", str(out), "--no-fsync", "--digest", "sha256"],
         }
+        if args.only:
+            wanted = {"cp -r", *(name.strip() for name in args.only.split(","))}
+            unknown = wanted - set(contenders)
+            if unknown:
+                raise SystemExit(f"--only: unknown contender(s) {sorted(unknown)}; known: {list(contenders)}")
+            contenders = {name: argv for name, argv in contenders.items() if name in wanted}
         results = run_contenders(contenders, work, args.reps)
         report = [f"# ckptxform benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
                   f"({os.cpu_count()} cores, Python {platform.python_version()})",
@@ -331,8 +347,8 @@ def main() -> None:
                   "| contender | median (s) | best (s) | / cp -r | / naive | peak RSS (MB) |",
                   "|---|---|---|---|---|---|"]
         for name, r in results.items():
-            naive = results["naive headline" if "headline" in name else "naive rename"]
-            rel_naive = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") else ""
+            naive = results.get("naive headline" if "headline" in name else "naive rename")
+            rel_naive = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") and naive else ""
             report.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, results['cp -r']):.2f} | "
                           f"{rel_naive} | {r.peak_mb:.0f} |")
         figures: dict[str, object] = {"size_bytes": size, "reps": args.reps,

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from .digest import DEFAULT_DIGEST
 from .engine.execute import ApplyResult, execute
 from .engine.planner import Plan, build_plan, needed_sources
 from .log import logger
@@ -58,6 +59,7 @@ def apply(
     progress: bool | None = False,
     fsync: bool = True,
     require_pinned: bool = False,
+    digest: str = DEFAULT_DIGEST,
 ) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
@@ -70,6 +72,8 @@ def apply(
     stderr (None: when stderr is a terminal, as the CLI does); a library call is silent
     by default, log messages included (enable them with ``logger.enable("ckptxform")``).
     ``result.out`` and ``result.audit_path`` are absolute.
+    ``digest`` is the hash the audit records for every written tensor: ``"blake3"``
+    (default, ~5x faster) or ``"sha256"``.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
     ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
@@ -77,6 +81,6 @@ def apply(
     PosixPath('/home/me/k25-drafter/ckptxform_audit.jsonl')
     """
     with plan(rules, sources=sources, require_pinned=require_pinned) as the_plan:
-        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync)
+        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync, algorithm=digest)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))

@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from .digest import DEFAULT_DIGEST, DIGESTS
 from .errors import CkptxformError, RuleError, UsageError, terminal_line
 from .log import configure_stderr
 from .terminal import guarded_stdout
@@ -252,15 +253,17 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--no-fsync", is_flag=True,
               help="Do not flush OUT to disk before renaming it into place (faster; a power loss may lose it).")
+@click.option("--digest", type=click.Choice(DIGESTS), default=DEFAULT_DIGEST, show_default=True,
+              help="Hash the audit log records for every written tensor.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
-          as_json: bool) -> None:
+          digest: str, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api, report
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
-                       require_pinned=require_pinned, progress=False if _quiet() else None)
+                       require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest)
     click.echo(json.dumps(report.apply_json(result), indent=2) if as_json
                else report.apply_text(result, verbose=_verbose()))
 
@@ -362,7 +365,7 @@ def demo(out: str | None, force: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @_reports_errors
 def verify(out: str, as_json: bool) -> None:
-    """Re-read every tensor of OUT and check it against OUT's audit log (sha256, shapes, index, config)."""
+    """Re-read every tensor of OUT and check it against OUT's audit log (digests, shapes, index, config)."""
     from .verify import verify as check
 
     result = check(out)

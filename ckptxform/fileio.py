@@ -37,8 +37,8 @@ def read_into(fd: int, view: memoryview, offset: int) -> int:
     return done
 
 
-def hash_range(sha: Any, fd: int, offset: int, length: int) -> int:
-    """Feed ``length`` bytes of ``fd`` from ``offset`` to ``sha`` through one reused buffer;
+def hash_range(hasher: Any, fd: int, offset: int, length: int) -> int:
+    """Feed ``length`` bytes of ``fd`` from ``offset`` to ``hasher`` through one reused buffer;
     the count hashed, short only at the end of the file."""
     view = memoryview(bytearray(min(HASH_BLOCK, max(1, length))))
     done = 0
@@ -46,7 +46,7 @@ def hash_range(sha: Any, fd: int, offset: int, length: int) -> int:
         n = pread_into(fd, view[:min(len(view), length - done)], offset + done)
         if n == 0:
             break
-        sha.update(view[:n])
+        hasher.update(view[:n])
         done += n
     return done
 

@@ -2,9 +2,10 @@
 
 Checks that the audit log is complete (``summary`` with status ok), that the weight files
 hold exactly the tensors the audit lists with their shapes and dtypes, that every
-tensor's bytes hash to the recorded sha256, that the shard index maps each key to the
-file the audit names, that config.json is the one written, and that every file copied by
-the rule's ``files`` still has the sha256 the audit records.
+tensor's bytes hash to the recorded digest (by the algorithm its record names: BLAKE3,
+or sha256 in older audits and with ``apply --digest sha256``), that the shard index maps
+each key to the file the audit names, that config.json is the one written, and that every
+file copied by the rule's ``files`` still has the sha256 the audit records.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .digest import DIGESTS, new_hasher, recorded_digest
 from .engine.audit import AUDIT_FILE
 from .engine.files import check_copied_files
 from .errors import CkptxformError, VerifyError, quote_keys
@@ -57,9 +59,14 @@ def read_audit(out: Path) -> list[dict[str, Any]]:
                               path=str(path), line=number) from None
         if not isinstance(event, dict) or "event" not in event:
             raise VerifyError(f"{path}:{number}: not an audit event", path=str(path), line=number)
+        if event["event"] == "written" and event.get("digest", DIGESTS[0]) not in DIGESTS:
+            raise VerifyError(f"{path}:{number}: the 'written' event's digest is {event['digest']!r}, which this "
+                              f"ckptxform cannot check (it knows {', '.join(map(repr, DIGESTS))}); upgrade "
+                              "ckptxform", path=str(path), line=number)
         if event["event"] == "written" and not _is_written_event(event):
             raise VerifyError(f"{path}:{number}: a 'written' event needs key, file (a plain file name), shape, "
-                              "dtype, sha256 and from; the audit log is damaged", path=str(path), line=number)
+                              "dtype, its digest (blake3 or sha256) and from; the audit log is damaged",
+                              path=str(path), line=number)
         events.append(event)
     return events
 
@@ -70,7 +77,7 @@ def _is_written_event(event: dict[str, Any]) -> bool:
     return (isinstance(event.get("key"), str) and isinstance(file, str) and file not in ("", ".", "..")
             and "/" not in file and "\\" not in file and "\0" not in file
             and isinstance(shape, list) and all(isinstance(d, int) for d in shape)
-            and isinstance(event.get("dtype"), str) and isinstance(event.get("sha256"), str)
+            and isinstance(event.get("dtype"), str) and recorded_digest(event) is not None
             and isinstance(event.get("from"), dict))
 
 
@@ -93,7 +100,7 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     on_disk: dict[str, tuple[str, dict[str, Any]]] = {}
     files = sorted({e["file"] for e in written.values()})
     unreadable: set[str] = set()
-    # sha256 is one core's work per tensor: hash two tensors at a time (results in file order)
+    # a tensor's hash is one core's work: hash two tensors at a time (results in file order)
     pool = ThreadPoolExecutor(max_workers=_HASH_THREADS, thread_name_prefix="ckptxform-verify")
     try:
         found, checked = _check_files(root, written, files, on_disk, unreadable, pool)
@@ -114,10 +121,10 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
 def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str],
                  on_disk: dict[str, tuple[str, dict[str, Any]]], unreadable: set[str],
                  pool: ThreadPoolExecutor) -> tuple[list[str], int]:
-    """Every weight file's header and every tensor's sha256 against the audit: the
+    """Every weight file's header and every tensor's digest against the audit: the
     problems in file order, and the bytes hashed."""
     # a problem, or a hash still running: resolved in this order at the end
-    found: list[str | tuple[Path, str, str, Future[str]]] = []
+    found: list[str | _PendingCheck] = []
     checked = 0
     for file in files:
         path = root / file
@@ -149,8 +156,10 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
                 if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
                     found.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
                                  f"says {entry['dtype']} {entry['shape']}")
-                job = pool.submit(_sha256, path, identity, info.offset, info.nbytes)
-                found.append((path, info.key, entry["sha256"], job))
+                recorded = recorded_digest(entry)
+                assert recorded is not None  # read_audit checked it
+                job = pool.submit(_digest, path, identity, info.offset, info.nbytes, recorded[0])
+                found.append((path, info.key, *recorded, job))
                 checked += info.nbytes
         except CkptxformError as err:
             found.append(str(err))
@@ -159,25 +168,29 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
     return [message for item in found if (message := _resolve(item))], checked
 
 
-def _resolve(item: str | tuple[Path, str, str, Future[str]]) -> str | None:
+#: a tensor being hashed: its file, key, the algorithm and digest its record holds, the hash
+_PendingCheck = tuple[Path, str, str, str, "Future[str]"]
+
+
+def _resolve(item: str | _PendingCheck) -> str | None:
     if isinstance(item, str):
         return item
-    path, key, recorded, job = item
+    path, key, algorithm, recorded, job = item
     try:
         digest = job.result()
     except OSError as err:
         return f"{path}: tensor {key!r}: cannot read: {err.strerror or err}"
     if digest != recorded:
-        return (f"{path}: tensor {key!r}: sha256 {digest[:12]}... differs from "
+        return (f"{path}: tensor {key!r}: {algorithm} {digest[:12]}... differs from "
                 f"the audit's {recorded[:12]}...; its bytes were changed after apply")
     return None
 
 
-def _sha256(path: Path, identity: tuple[int, int], offset: int, length: int) -> str:
-    """The sha256 (hex) of ``length`` bytes of ``path`` from ``offset``. A file cut short
-    or replaced since its header was read (``identity``: its device and inode then)
-    raises OSError."""
-    digest = hashlib.sha256()
+def _digest(path: Path, identity: tuple[int, int], offset: int, length: int, algorithm: str) -> str:
+    """The ``algorithm`` digest (hex) of ``length`` bytes of ``path`` from ``offset``. A file
+    cut short or replaced since its header was read (``identity``: its device and inode
+    then) raises OSError."""
+    digest = new_hasher(algorithm)
     fd = os.open(path, os.O_RDONLY)
     try:
         stat = os.fstat(fd)

@@ -7,6 +7,7 @@ Session-scoped checkpoints are shared by many tests: tests must never modify the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from blake3 import blake3
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -124,6 +126,16 @@ def file_keys(path: Path) -> dict[str, tuple[list[int], str]]:
 
 def read_audit(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "ckptxform_audit.jsonl").read_text().splitlines()]
+
+
+def reference_digest(algorithm: str, data: bytes) -> str:
+    """``data``'s digest by the reference implementations (hashlib, the blake3 package), in one call."""
+    return (blake3(data) if algorithm == "blake3" else hashlib.new(algorithm, data)).hexdigest()
+
+
+def recorded(event: dict[str, Any]) -> str:
+    """The digest a ``written`` audit record holds, under the algorithm it names."""
+    return str(event[event["digest"]])
 
 
 def tensor_bytes(tensor: Any) -> bytes:

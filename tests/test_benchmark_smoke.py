@@ -20,9 +20,11 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     data = json.loads(figures.read_text())
     assert set(data["structural"]["results"]) == {"cp moe", "naive stack+concat", "ckptxform stack+concat",
                                                   "cp big", "naive transpose", "ckptxform transpose"}
-    assert set(data["results"]) == {"cp -r", "cp -r + sync", "sha256 alone (1 core)", "naive rename", "ckptxform rename",
+    assert set(data["results"]) == {"cp -r", "cp -r + sync", "sha256 alone (1 core)", "blake3 alone (1 core)",
+                                    "naive rename", "ckptxform rename",
                                     "ckptxform rename --no-fsync", "naive headline", "ckptxform headline",
-                                    "ckptxform headline --no-fsync"}
+                                    "ckptxform headline --no-fsync", "ckptxform rename --no-fsync --digest sha256",
+                                    "ckptxform headline --no-fsync --digest sha256"}
     tb = data["tb"]
     # plan reads headers and the two vocab maps, never the (sparse, 10 GB) verifier's weights
     assert tb["plan_read_bytes"] < 10 * 2**20

@@ -27,6 +27,7 @@ from conftest import (
     file_keys,
     read_audit,
     read_output,
+    reference_digest,
     same_bits,
     tensor_bytes,
     verifier_tensor,
@@ -116,7 +117,8 @@ def test_audit_written_events_hash_the_tensors_as_read_back(headline_out: Path) 
     assert sorted(e["key"] for e in written) == sorted(output)
     for event in written:
         tensor = output[event["key"]]
-        assert event["sha256"] == hashlib.sha256(tensor_bytes(tensor)).hexdigest(), event["key"]
+        assert event["digest"] == "blake3" and "sha256" not in event, event
+        assert event["blake3"] == reference_digest("blake3", tensor_bytes(tensor)), event["key"]
         assert event["shape"] == list(tensor.shape)
         assert event["file"] == "model.safetensors"
     lm = next(e for e in written if e["key"] == "lm_head.weight")

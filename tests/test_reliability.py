@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, assert_clean_failure, error_lines, read_audit, source_args
+from conftest import REPO, assert_clean_failure, error_lines, read_audit, recorded, reference_digest, source_args
 from hub_fixtures import ClientRun, ProxyTrap, client_env, run_client, tensor_span
 from hubserver import HubServer
 from safetensors.torch import load_file
@@ -70,9 +70,9 @@ def flip_byte(path: Path, offset: int) -> None:
         f.write(bytes([byte[0] ^ 0x01]))
 
 
-def sha256(path: Path, offset: int = 0, length: int | None = None) -> str:
+def blake3_of(path: Path, offset: int = 0, length: int | None = None) -> str:
     data = path.read_bytes()
-    return hashlib.sha256(data[offset:] if length is None else data[offset:offset + length]).hexdigest()
+    return reference_digest("blake3", data[offset:] if length is None else data[offset:offset + length])
 
 
 def one_error(proc: subprocess.CompletedProcess[str] | ClientRun, code: int = 1) -> str:
@@ -106,7 +106,7 @@ def test_a_rerun_of_the_same_conversion_is_up_to_date_and_writes_nothing(
     assert as_json.returncode == 0, as_json.stderr
     result = json.loads(as_json.stdout)
     assert (result["status"], result["bytes_written"]) == ("up_to_date", 0)
-    assert [w["sha256"] for w in result["written"]] == [e["sha256"] for e in read_audit(out)
+    assert [recorded(w) for w in result["written"]] == [recorded(e) for e in read_audit(out)
                                                        if e["event"] == "written"]
     # not a byte written, not even a file touched, nothing left beside it
     assert snapshot(out) == before and out.stat().st_mtime_ns == dir_mtime
@@ -162,9 +162,9 @@ def _flip_output(out: Path, sources: dict[str, str], tmp: Path) -> Path:
 def _flip_output_reason(out: Path, sources: dict[str, str], tmp: Path) -> str:
     weights = out / "model.safetensors"
     offset, nbytes = tensor_span(weights, "norm.weight")
-    [recorded] = [e["sha256"] for e in read_audit(out) if e["event"] == "written" and e["key"] == "norm.weight"]
-    return (f"does not verify: {weights}: tensor 'norm.weight': sha256 {sha256(weights, offset, nbytes)[:12]}... "
-            f"differs from the audit's {recorded[:12]}...; its bytes were changed after apply")
+    [digest] = [recorded(e) for e in read_audit(out) if e["event"] == "written" and e["key"] == "norm.weight"]
+    return (f"does not verify: {weights}: tensor 'norm.weight': blake3 {blake3_of(weights, offset, nbytes)[:12]}... "
+            f"differs from the audit's {digest[:12]}...; its bytes were changed after apply")
 
 
 CHANGES = {
@@ -286,11 +286,11 @@ def test_verify_names_the_tensor_whose_byte_was_flipped(headline_out: Path, run_
     weights = out / "model.safetensors"
     offset, nbytes = tensor_span(weights, "lm_head.weight")
     flip_byte(weights, offset + nbytes // 2)
-    recorded = _written(out)["lm_head.weight"]["sha256"]
+    digest = recorded(_written(out)["lm_head.weight"])
     proc = run_cli("verify", out)
     assert one_error(proc) == (
-        f"error: {weights}: tensor 'lm_head.weight': sha256 {sha256(weights, offset, nbytes)[:12]}... differs "
-        f"from the audit's {recorded[:12]}...; its bytes were changed after apply")
+        f"error: {weights}: tensor 'lm_head.weight': blake3 {blake3_of(weights, offset, nbytes)[:12]}... differs "
+        f"from the audit's {digest[:12]}...; its bytes were changed after apply")
 
 
 def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out: Path, tmp_path: Path,
@@ -319,13 +319,13 @@ def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out:
 def test_verify_refuses_to_hash_a_weight_file_replaced_after_its_header_was_read(headline_out: Path) -> None:
     """Headers are read through one descriptor, bytes hashed through others: a file
     replaced in between would pair one file's header with another's bytes."""
-    from ckptxform.verify import _sha256
+    from ckptxform.verify import _digest
 
     weights = headline_out / "model.safetensors"
     stat = weights.stat()
-    assert len(_sha256(weights, (stat.st_dev, stat.st_ino), 0, 64)) == 64
+    assert _digest(weights, (stat.st_dev, stat.st_ino), 0, 64, "blake3") == blake3_of(weights, 0, 64)
     with pytest.raises(OSError, match="replaced while verify read it"):
-        _sha256(weights, (stat.st_dev, stat.st_ino + 1), 0, 64)
+        _digest(weights, (stat.st_dev, stat.st_ino + 1), 0, 64, "blake3")
 
 
 def test_verify_reports_a_deleted_shard_once_with_its_tensors(
@@ -397,7 +397,7 @@ def _escaping_file(audit: Path) -> str:
     lines[number - 1] = json.dumps(event) + "\n"
     audit.write_text("".join(lines))
     return (f"error: {audit}:{number}: a 'written' event needs key, file (a plain file name), shape, dtype, "
-            "sha256 and from; the audit log is damaged")
+            "its digest (blake3 or sha256) and from; the audit log is damaged")
 
 
 AUDIT_DAMAGE = {"deleted": _no_audit, "no summary": _no_summary, "cut mid-line": _cut_mid_line,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import re
@@ -15,10 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import reference_digest
 from loguru import logger
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from ckptxform.digest import DIGESTS
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.engine.layout import OutputLayout, OutputTensorSpec, plan_layout
 from ckptxform.engine.outdir import OutputDir
@@ -197,17 +198,19 @@ def test_empty_layout_writes_a_loadable_file(tmp_path: Path) -> None:
     assert load_file(out / "model.safetensors") == {}
 
 
-def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", DIGESTS)
+def test_digests_match_the_reference_for_large_small_and_reused_buffer_chunks(algorithm: str,
+                                                                              tmp_path: Path) -> None:
     big = os.urandom(5 * MiB + 123)
     layout = plan_layout([u8("big", len(big)), u8("reused", len(big))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
-        with ShardWriter(od, layout) as shards:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
             # large chunks go to the hashing thread, the odd small one is hashed inline
             shards.write("big", big[: 2 * MiB])
             shards.write("big", memoryview(big)[2 * MiB : 2 * MiB + 100])
             shards.write("big", big[2 * MiB + 100 :])
             shards.finish_tensor("big")
-            assert shards.digest("big") == hashlib.sha256(big).hexdigest()
+            assert shards.digest("big") == reference_digest(algorithm, big)
             # a writable buffer refilled after each write must still hash what was written
             buf = bytearray(2 * MiB)
             for i in range(0, len(big), len(buf)):
@@ -216,7 +219,7 @@ def test_sha256_matches_hashlib_for_large_small_and_reused_buffer_chunks(tmp_pat
                 shards.write("reused", memoryview(buf)[:n])
                 buf[:] = b"\xff" * len(buf)
             shards.finish_tensor("reused")
-            assert shards.digest("reused") == hashlib.sha256(big).hexdigest()
+            assert shards.digest("reused") == reference_digest(algorithm, big)
             assert shards.bytes_written == 2 * len(big)
         od.commit()
     data = (tmp_path / "out" / "model.safetensors").read_bytes()
@@ -229,8 +232,10 @@ def _refuse_across_filesystems(*args: object) -> int:
     raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
 
 
-@pytest.mark.parametrize("kernel", ["copy_file_range", "EXDEV", "absent (macOS)", "absent, and no preadv"])
-def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_path: Path,
+@pytest.mark.parametrize(("kernel", "algorithm"), [("copy_file_range", "blake3"), ("copy_file_range", "sha256"),
+                                                   ("EXDEV", "blake3"), ("absent (macOS)", "blake3"),
+                                                   ("absent, and no preadv", "sha256")])
+def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, algorithm: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # several tensors from two source files, one copied in two parts, one mixed with writes:
     # hashing runs on other threads after copy_from returns and must still follow byte order.
@@ -247,7 +252,7 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_p
     tensors = {"x": a, "y": b[:MiB], "z": b[MiB:] + a[:5], "w": a[1:]}
     layout = plan_layout([u8(k, len(v)) for k, v in tensors.items()], max_shard_size=4 * MiB)
     with OutputDir(tmp_path / "out") as od:
-        with ShardWriter(od, layout) as shards:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
             shards.copy_from("x", tmp_path / "a.bin", 4, MiB)
             shards.copy_from("x", tmp_path / "a.bin", 4 + MiB, len(a) - MiB)
             shards.copy_from("y", tmp_path / "b.bin", 0, MiB)
@@ -258,7 +263,7 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, tmp_p
             for key in tensors:
                 shards.finish_tensor(key)
         od.commit()
-    assert {k: shards.digest(k) for k in tensors} == {k: hashlib.sha256(v).hexdigest() for k, v in tensors.items()}
+    assert {k: shards.digest(k) for k in tensors} == {k: reference_digest(algorithm, v) for k, v in tensors.items()}
     for key, value in tensors.items():
         with safe_open(tmp_path / "out" / layout.placement(key).file, "pt") as f:
             assert tensor_bytes(f.get_tensor(key)) == value, key

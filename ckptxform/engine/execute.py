@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..digest import DEFAULT_DIGEST, check_digest, recorded_digest
 from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, RequirementError
 from ..log import logger
@@ -40,12 +41,23 @@ class WrittenTensor:
     file: str
     shape: tuple[int, ...]
     dtype: str
-    sha256: str
+    #: hex digest of the tensor's bytes, by ``algorithm`` (one of ckptxform.digest.DIGESTS)
+    digest: str
     origin: dict[str, Any]
+    algorithm: str = DEFAULT_DIGEST
 
     def to_event(self) -> dict[str, Any]:
+        # the record names its algorithm and holds the digest under that name (see ckptxform.digest)
         return {"event": "written", "key": self.key, "file": self.file, "shape": list(self.shape),
-                "dtype": self.dtype, "sha256": self.sha256, "from": self.origin}
+                "dtype": self.dtype, "digest": self.algorithm, self.algorithm: self.digest, "from": self.origin}
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> WrittenTensor:
+        """The tensor a ``written`` record (checked by ckptxform.verify.read_audit) describes."""
+        recorded = recorded_digest(event)
+        assert recorded is not None, event
+        return cls(event["key"], event["file"], tuple(event["shape"]), event["dtype"], recorded[1], event["from"],
+                   recorded[0])
 
 
 @dataclass(frozen=True)
@@ -82,9 +94,11 @@ def _local_pieces(out: OutputPlan, plan: Plan) -> Iterator[Piece] | None:
 
 
 def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None,
-            fsync: bool = True) -> ApplyResult:
-    """Write the planned output to ``out`` with its audit log; see ``ckptxform.apply``."""
+            fsync: bool = True, algorithm: str = DEFAULT_DIGEST) -> ApplyResult:
+    """Write the planned output to ``out`` with its audit log (tensor digests by
+    ``algorithm``: ckptxform.digest); see ``ckptxform.apply``."""
     started = started_now()
+    check_digest(algorithm)
     layout = plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
                          max_shard_size=plan.rules.output.max_shard_size,
                          file_name=plan.rules.output.file_name)
@@ -111,7 +125,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
                 audit.event(record.to_event())
             _prefetch(plan)
             bar = _progress_bar(layout.total_bytes, progress)
-            with ShardWriter(odir, layout) as writer:
+            with ShardWriter(odir, layout, algorithm=algorithm) as writer:
                 ordered = [(o, _local_pieces(o, plan)) for o in _execution_order(plan)]
                 copies = [(o, local) for o, local in ordered if local is not None]
                 streamed = [o for o, local in ordered if local is None]
@@ -134,7 +148,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             copied = copy_files(plan.files, plan.checkpoints, odir.tmp_path)
             # closing the writer waited for every hash
             written = sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
-                                            writer.digest(o.key), o.origin()) for o in plan.outputs),
+                                            writer.digest(o.key), o.origin(), algorithm) for o in plan.outputs),
                              key=lambda w: w.key)
             if bar is not None:
                 bar.close()
@@ -250,8 +264,7 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
         problems = str(err).splitlines()
         more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
         return f"does not verify: {problems[0]}{more}"
-    written = tuple(WrittenTensor(e["key"], e["file"], tuple(e["shape"]), e["dtype"], e["sha256"], e["from"])
-                    for e in events if e.get("event") == "written")
+    written = tuple(WrittenTensor.from_event(e) for e in events if e.get("event") == "written")
     logger.info("{} is up to date: made from the same plan and inputs, and it verifies; "
                 "nothing to do (pass --force to rewrite it)", out)
     return ApplyResult(out=out, plan=plan, written=written, audit_path=out / AUDIT_FILE,
