@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from .digest import DEFAULT_DIGEST
+from .tensor_digest import DEFAULT_DIGEST
 from .engine.execute import ApplyResult, execute
+from .engine.job import RunOptions
 from .engine.planner import Plan, build_plan, needed_sources
 from .log import logger
 from .rules.loader import load_rules
@@ -60,6 +61,11 @@ def apply(
     fsync: bool = True,
     require_pinned: bool = False,
     digest: str = DEFAULT_DIGEST,
+    jobs: int | None = None,
+    resume: bool = True,
+    executor: str = "local",
+    ray_address: str | None = None,
+    shard_of: tuple[int, int] | None = None,
 ) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
@@ -74,13 +80,45 @@ def apply(
     ``result.out`` and ``result.audit_path`` are absolute.
     ``digest`` is the hash the audit records for every written tensor: ``"blake3"``
     (default, ~5x faster) or ``"sha256"``.
+    ``jobs`` output shards are written at once, each in its own worker process (default:
+    the cores, bounded by memory and by the shards; 1: all in this process); the output
+    is the same for any ``jobs``. A run that fails or is killed keeps its finished shards
+    beside ``out``, and the next run of the same plan keeps them (``resume=False``
+    starts over). ``executor="ray"`` runs the shards on the Ray cluster at
+    ``ray_address`` (or ``RAY_ADDRESS``; neither: a local Ray instance), whose nodes
+    share the source and output paths. ``shard_of=(rank, world)`` writes only the
+    shards of that rank and leaves ``out`` to ``finalize``.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
     ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
     >>> result.audit_path                                                               # doctest: +SKIP
     PosixPath('/home/me/k25-drafter/ckptxform_audit.jsonl')
     """
+    options = RunOptions(jobs=jobs, resume=resume, executor=executor, ray_address=ray_address, shard_of=shard_of)
     with plan(rules, sources=sources, require_pinned=require_pinned) as the_plan:
-        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync, algorithm=digest)
+        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync, algorithm=digest,
+                         options=options)
+    return replace(result, out=Path(os.path.abspath(result.out)),
+                   audit_path=Path(os.path.abspath(result.audit_path)))
+
+
+def finalize(
+    rules: str | os.PathLike[str] | RuleSet,
+    *,
+    out: str | os.PathLike[str],
+    sources: Mapping[str, str] | None = None,
+    force: bool = False,
+    fsync: bool = True,
+    digest: str = DEFAULT_DIGEST,
+) -> ApplyResult:
+    """Commit ``out`` from the shards every ``apply(..., shard_of=(rank, world))`` wrote:
+    the same plan (rules, sources, ``digest``); writes no shard and refuses, naming them,
+    while some are not finished.
+
+    >>> finalize("rules/big.yaml", out="big-out")   # doctest: +SKIP
+    """
+    with plan(rules, sources=sources) as the_plan:
+        result = execute(the_plan, Path(out), force=force, progress=False, fsync=fsync, algorithm=digest,
+                         options=RunOptions(finalize=True))
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))

@@ -19,7 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .digest import DEFAULT_DIGEST, DIGESTS
+from .tensor_digest import DEFAULT_DIGEST, DIGESTS
 from .errors import CkptxformError, RuleError, UsageError, terminal_line
 from .log import configure_stderr
 from .terminal import guarded_stdout
@@ -255,17 +255,61 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
               help="Do not flush OUT to disk before renaming it into place (faster; a power loss may lose it).")
 @click.option("--digest", type=click.Choice(DIGESTS), default=DEFAULT_DIGEST, show_default=True,
               help="Hash the audit log records for every written tensor.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Output shards written at once, each in a worker process (default: the cores, bounded "
+                   "by memory and by the shards).")
+@click.option("--no-resume", is_flag=True,
+              help="Discard the shards an interrupted run of the same plan finished, and start over.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where shard tasks run: worker processes here, or a Ray cluster (the 'ray' extra).")
+@click.option("--ray-address", default=None, metavar="ADDRESS",
+              help="The Ray cluster for --executor ray (default: RAY_ADDRESS, else a local Ray instance).")
+@click.option("--shard-of", default=None, metavar="RANK/WORLD",
+              help="Write only the shards of this rank (index modulo WORLD) for any launcher; then "
+                   "'ckptxform finalize'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
-          digest: str, as_json: bool) -> None:
+          digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
+          shard_of: str | None, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api, report
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
-                       require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest)
+                       require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
+                       jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
+                       shard_of=_parse_shard_of(shard_of))
     click.echo(json.dumps(report.apply_json(result), indent=2) if as_json
                else report.apply_text(result, verbose=_verbose()))
+
+
+def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    rank, sep, world = value.partition("/")
+    if not (sep and rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+        raise UsageError(f"--shard-of {value!r}: expected RANK/WORLD with 0 <= RANK < WORLD, e.g. --shard-of 0/4")
+    return int(rank), int(world)
+
+
+@main.command()
+@click.argument("rules")
+@_source_option
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--no-fsync", is_flag=True, help="Do not flush OUT to disk before renaming it into place.")
+@click.option("--digest", type=click.Choice(DIGESTS), default=DEFAULT_DIGEST, show_default=True,
+              help="The digest the ranks used.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_reports_errors
+def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, digest: str,
+             as_json: bool) -> None:
+    """Commit OUT from the shards every 'apply --shard-of RANK/WORLD' wrote (same arguments)."""
+    from . import api, report
+
+    result = api.finalize(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
+                          digest=digest)
+    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result, verbose=_verbose()))
 
 
 @main.command()

@@ -118,6 +118,12 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
     if result.up_to_date:
         return (f"{result.out} is up to date (same plan from the same inputs, verified); nothing written\n"
                 f"audit: {result.audit_path}")
+    if result.shard_of is not None:
+        rank, world = result.shard_of
+        return (f"rank {rank}/{world}: wrote {result.shards_of_rank - result.shards_kept} of its "
+                f"{result.shards_of_rank} shard(s) ({_human_bytes(result.bytes_written)}), kept {result.shards_kept}, "
+                f"in {result.job_path}\nonce every rank is done: ckptxform finalize with the same rules, sources and "
+                f"--out {result.out}")
     files = sorted({w.file for w in result.written})
     lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]
     lines.extend(not_carried_text(result.plan, verbose=verbose))
@@ -125,6 +131,11 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
         lines.append(f"copied {len(result.copied)} file{'s' if len(result.copied) != 1 else ''} "
                      f"({_human_bytes(sum(c.nbytes for c in result.copied))}): "
                      + ", ".join(printable(c.copy.target) for c in result.copied))
+    if result.shards_kept == len(files) and not result.bytes_written:
+        lines.append(f"committed the {len(files)} shard(s) finished earlier (by --shard-of ranks or an interrupted run)")
+    elif result.shards_kept:
+        lines.append(f"resumed: kept {result.shards_kept} of {len(files)} shard(s) an interrupted run had finished, "
+                     "wrote the rest")
     lines.append(f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
                  f"in {len(files)} file{'s' if len(files) != 1 else ''}")
     lines.append(f"audit: {result.audit_path}")
@@ -133,7 +144,10 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
 
 def apply_json(result: ApplyResult) -> dict[str, Any]:
     return {"status": "up_to_date" if result.up_to_date else "ok", "out": str(result.out), "audit": str(result.audit_path),
-            "bytes_written": result.bytes_written, "tensors": result.plan.counts(),
+            "bytes_written": result.bytes_written, "shards_kept": result.shards_kept,
+            **({"shard_of": list(result.shard_of), "shards_of_rank": result.shards_of_rank, "job": str(result.job_path)}
+               if result.shard_of is not None else {}),
+            "tensors": result.plan.counts(),
             "written": [w.to_event() for w in result.written], "files": [c.to_event() for c in result.copied]}
 
 

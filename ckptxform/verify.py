@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .digest import DIGESTS, new_hasher, recorded_digest
+from .tensor_digest import DIGESTS, new_hasher, recorded_digest
 from .engine.audit import AUDIT_FILE
 from .engine.files import check_copied_files
 from .errors import CkptxformError, VerifyError, quote_keys
@@ -169,7 +169,7 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
 
 
 #: a tensor being hashed: its file, key, the algorithm and digest its record holds, the hash
-_PendingCheck = tuple[Path, str, str, str, "Future[str]"]
+_PendingCheck = tuple[Path, str, str, str, Future[str]]
 
 
 def _resolve(item: str | _PendingCheck) -> str | None:

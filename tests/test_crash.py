@@ -11,8 +11,8 @@ measured timeline of an uninterrupted run:
   (the run is polled every 0.5 ms) until a quarter past the moment OUT appeared in the
   measured run (so a few land after the rename too).
 
-After each kill the invariant: OUT is absent (only a temporary sibling and the lock file
-may remain) or complete (``ckptxform verify OUT`` passes and its bytes are the
+After each kill the invariant: OUT is absent (only a temporary sibling, the job directory
+of finished shards and the lock file may remain) or complete (``ckptxform verify OUT`` passes and its bytes are the
 uninterrupted run's); and a rerun without --force succeeds, says it removed the stale
 sibling it found, leaves no sibling at all, and writes exactly the uninterrupted run's
 bytes.
@@ -79,6 +79,10 @@ class Runner:
 def leftovers(out: Path) -> list[str]:
     """Entries beside OUT that a ckptxform run made (temporary siblings, lock file)."""
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.ckptxform-"))
+
+
+def job_dirs(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}.ckptxform-job-*"))
 
 
 def tmp_siblings(out: Path) -> list[Path]:
@@ -196,7 +200,9 @@ def test_sigkill_at_any_point_leaves_no_partial_output_and_the_rerun_finishes(
         else:
             assert not os.path.lexists(out), case
             assert len(stale) <= 1, (case, stale)
-            assert set(leftovers(out)) <= {".out.ckptxform-lock", *(p.name for p in stale)}, (case, leftovers(out))
+            assert len(job_dirs(out)) <= 1, (case, job_dirs(out))
+            assert set(leftovers(out)) <= {".out.ckptxform-lock", *(p.name for p in [*stale, *job_dirs(out)])}, (
+                case, leftovers(out))
 
         # -- the rerun, without --force, finishes the job
         again = runner.run(out)

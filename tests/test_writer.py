@@ -19,7 +19,7 @@ from loguru import logger
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ckptxform.digest import DIGESTS
+from ckptxform.tensor_digest import DIGESTS
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.engine.layout import OutputLayout, OutputTensorSpec, plan_layout
 from ckptxform.engine.outdir import OutputDir

@@ -7,7 +7,6 @@ and block ops decode values (and import torch). The output appears whole (rename
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -15,22 +14,25 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..digest import DEFAULT_DIGEST, check_digest, recorded_digest
+from ..tensor_digest import DEFAULT_DIGEST, check_digest, recorded_digest
 from ..dtypes import DTYPE_SIZES
 from ..errors import CkptxformError, OutputError, RequirementError
 from ..log import logger
 from ..ops.decode import cast_bytes
-from ..sources.pins import check_unchanged
-from .audit import AUDIT_FILE, AuditLog, run_event, started_now
-from .files import CopiedFile, copied_files_changed, copy_files
+from .audit import AUDIT_FILE, AuditLog, started_now
 from .digest import RunDigest, changes, run_digest
-from .layout import OutputTensorSpec, plan_layout
+from .files import CopiedFile, copied_files_changed
+from .jobdir import JobDir, job_identity
+from .layout import OutputLayout, OutputTensorSpec, plan_layout
 from .outdir import OutputDir, refuse_foreign, refuse_overlap
 from .planner import Plan
 from .recipes import Chunk, OutputPlan, Piece
 from .writer import ShardWriter
+
+if TYPE_CHECKING:
+    from .job import RunOptions
 
 _T = TypeVar("_T")
 
@@ -41,7 +43,7 @@ class WrittenTensor:
     file: str
     shape: tuple[int, ...]
     dtype: str
-    #: hex digest of the tensor's bytes, by ``algorithm`` (one of ckptxform.digest.DIGESTS)
+    #: hex digest of the tensor's bytes, by ``algorithm`` (one of ckptxform.tensor_digest.DIGESTS)
     digest: str
     origin: dict[str, Any]
     algorithm: str = DEFAULT_DIGEST
@@ -74,6 +76,13 @@ class ApplyResult:
     up_to_date: bool = False
     #: the rule's ``files`` copied into ``out``
     copied: tuple[CopiedFile, ...] = ()
+    #: shards an interrupted run of the same plan had finished, kept instead of written
+    shards_kept: int = 0
+    #: ``apply --shard-of RANK/WORLD``: this rank, its shards, the job directory they are in
+    #: (``out`` is then not written: ``ckptxform finalize`` does that)
+    shard_of: tuple[int, int] | None = None
+    shards_of_rank: int = 0
+    job_path: Path | None = None
 
 
 def _cast_stream(chunks: Iterator[Chunk], src: str, dst: str) -> Iterator[Chunk]:
@@ -83,9 +92,9 @@ def _cast_stream(chunks: Iterator[Chunk], src: str, dst: str) -> Iterator[Chunk]
         yield cast_bytes(chunk, src, dst)
 
 
-def _execution_order(plan: Plan) -> list[OutputPlan]:
+def _execution_order(outputs: list[OutputPlan], plan: Plan) -> list[OutputPlan]:
     """What reads whole local tensors in source-file order (sequential reads), then the rest."""
-    return sorted(plan.outputs, key=lambda o: (*o.recipe.read_order(plan), o.key))
+    return sorted(outputs, key=lambda o: (*o.recipe.read_order(plan), o.key))
 
 
 def _local_pieces(out: OutputPlan, plan: Plan) -> Iterator[Piece] | None:
@@ -93,88 +102,65 @@ def _local_pieces(out: OutputPlan, plan: Plan) -> Iterator[Piece] | None:
     return out.recipe.local_pieces(plan) if out.dtype == out.input_dtype else None
 
 
+def layout_of(plan: Plan) -> OutputLayout:
+    """The output files of ``plan`` and where each tensor goes in them."""
+    return plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
+                       max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name)
+
+
 def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None,
-            fsync: bool = True, algorithm: str = DEFAULT_DIGEST) -> ApplyResult:
+            fsync: bool = True, algorithm: str = DEFAULT_DIGEST, options: RunOptions | None = None) -> ApplyResult:
     """Write the planned output to ``out`` with its audit log (tensor digests by
-    ``algorithm``: ckptxform.digest); see ``ckptxform.apply``."""
+    ``algorithm``: ckptxform.tensor_digest), running its shards as ``options`` say
+    (engine/job.py); see ``ckptxform.apply``."""
+    from .job import RunOptions, run_job
+
     started = started_now()
     check_digest(algorithm)
-    layout = plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
-                         max_shard_size=plan.rules.output.max_shard_size,
-                         file_name=plan.rules.output.file_name)
+    options = options or RunOptions()
+    layout = layout_of(plan)
     if progress is None:
         progress = sys.stderr.isatty()
     refuse_overlap(out, _inputs_on_disk(plan))
     digest = run_digest(plan)
     if os.path.lexists(out):
         refuse_foreign(Path(os.path.abspath(out)))
+    identity = job_identity(layout, algorithm, digest)
     if not force and os.path.lexists(out):
         previous = _previous_run(plan, digest, Path(out))
         if isinstance(previous, str):
             raise OutputError(f"{os.path.abspath(out)!r} already exists and {previous}; pass --force to "
                               "replace it", path=os.path.abspath(out))
         # a run killed after its rename left its lock file (or a killed --force run its
-        # temporary sibling): this run writes nothing, but it still tidies up after them
-        return replace(previous, stale_removed=OutputDir(out).remove_stale())
+        # temporary sibling and job directory): this run writes nothing, but it tidies up after them
+        own_job = JobDir(Path(out), identity, fsync=fsync).path
+        return replace(previous, stale_removed=OutputDir(out).remove_stale(also=(own_job,)))
     _check_ties(plan)
-    with OutputDir(out, force=force, fsync=fsync) as odir:
-        audit = _Audit(odir)
+    return run_job(plan, layout, Path(out), options, force=force, fsync=fsync, digest=digest, identity=identity,
+                   progress=progress, started=started)
+
+
+def write_outputs(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter,
+                  progress: Callable[[int], None] | None) -> None:
+    """Produce the bytes of ``outputs`` into ``writer``: kernel copies (I/O) on this
+    thread, gathers, casts and block ops (Python) on another, so that on two cores they overlap."""
+    _prefetch(plan, outputs)
+    ordered = [(o, _local_pieces(o, plan)) for o in _execution_order(outputs, plan)]
+    copies = [(o, local) for o, local in ordered if local is not None]
+    streamed = [o for o, local in ordered if local is None]
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
+        background = pool.submit(_write_streamed, streamed, plan, writer, progress, stop)
         try:
-            audit.event(run_event(plan, started, digest))
-            for record in plan.records:
-                audit.event(record.to_event())
-            _prefetch(plan)
-            bar = _progress_bar(layout.total_bytes, progress)
-            with ShardWriter(odir, layout, algorithm=algorithm) as writer:
-                ordered = [(o, _local_pieces(o, plan)) for o in _execution_order(plan)]
-                copies = [(o, local) for o, local in ordered if local is not None]
-                streamed = [o for o, local in ordered if local is None]
-                # Kernel copies (I/O) on this thread, gathers and casts (Python) on another:
-                # on two cores they overlap.
-                stop = threading.Event()
-                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
-                    background = pool.submit(_write_streamed, streamed, plan, writer, bar, stop)
-                    try:
-                        _write_copies(copies, writer, bar, stop)
-                        background.result()
-                    except BaseException:
-                        stop.set()  # the other thread stops at its next chunk; the pool waits for it
-                        raise
-                config_sha256 = None
-                if plan.config is not None:
-                    config_path = writer.write_json(plan.rules.output.config_file, plan.config)
-                    config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
-                bytes_written = writer.bytes_written
-            copied = copy_files(plan.files, plan.checkpoints, odir.tmp_path)
-            # closing the writer waited for every hash
-            written = sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype,
-                                            writer.digest(o.key), o.origin(), algorithm) for o in plan.outputs),
-                             key=lambda w: w.key)
-            if bar is not None:
-                bar.close()
-            for item in written:
-                audit.event(item.to_event())
-            for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:
-                audit.event(event)
-            audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
-                         "written": len(written), "bytes_written": bytes_written,
-                         "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
-                         "config_file": plan.rules.output.config_file,
-                         "warnings": list(plan.warnings)})
-            # every byte is read: a source written to since it was planned fails the run here
-            check_unchanged(plan.files_read())
+            _write_copies(copies, writer, progress, stop)
+            background.result()
         except BaseException:
-            audit.close(failing=True)
+            stop.set()  # the other thread stops at its next chunk; the pool waits for it
             raise
-        audit.close()
-        final = odir.commit()
-    return ApplyResult(out=final, plan=plan, written=tuple(written),
-                       audit_path=final / AUDIT_FILE, bytes_written=bytes_written,
-                       stale_removed=odir.stale_removed, copied=copied)
 
 
-def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter, bar: Any,
-                  stop: threading.Event) -> None:
+def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter,
+                  progress: Callable[[int], None] | None, stop: threading.Event) -> None:
     """Byte runs of local files: in the kernel, never through Python memory (short runs
     between them through a small buffer)."""
     for o, pieces in outputs:
@@ -187,13 +173,13 @@ def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: Sha
             else:
                 writer.write(o.key, piece)
                 length = len(piece)
-            if bar is not None:
-                bar.update(length)
+            if progress is not None:
+                progress(length)
         writer.finish_tensor(o.key)
 
 
-def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, bar: Any,
-                    stop: threading.Event) -> None:
+def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter,
+                    progress: Callable[[int], None] | None, stop: threading.Event) -> None:
     """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
     try:
         for o in outputs:
@@ -204,8 +190,8 @@ def _write_streamed(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter, 
                 if stop.is_set():
                     return
                 writer.write(o.key, chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
+                if progress is not None:
+                    progress(len(chunk))
             writer.finish_tensor(o.key)
     except BaseException:
         stop.set()  # the copying thread stops at its next tensor
@@ -289,19 +275,11 @@ def _check_ties(plan: Plan) -> None:
             pos += len(chunk)
 
 
-def _prefetch(plan: Plan) -> None:
+def _prefetch(plan: Plan, outputs: list[OutputPlan]) -> None:
     """Tell each source which files will be copied whole (Hub sources download them)."""
     files: dict[str, set[str]] = {}
-    for o in plan.outputs:
+    for o in outputs:
         for source, file in o.recipe.prefetch_files(plan):
             files.setdefault(source, set()).add(file)
     for name, needed in files.items():
         plan.checkpoints[name].prefetch(sorted(needed))
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=sys.stderr)

@@ -236,9 +236,10 @@ class OutputDir:
         """The one-line message for a failed write of ``name`` in OUT (e.g. the audit log)."""
         return io_error("writing", self.out / name, err)
 
-    def remove_stale(self) -> tuple[Path, ...]:
-        """Without writing OUT, remove what killed runs left beside it (temporary siblings
-        and the lock file), for a rerun that finds OUT up to date. Leaves everything alone
+    def remove_stale(self, also: tuple[Path, ...] = ()) -> tuple[Path, ...]:
+        """Without writing OUT, remove what killed runs left beside it (temporary siblings,
+        the lock file, and the ``also`` paths: the job directory of OUT's own plan, whose
+        shards OUT already holds), for a rerun that finds OUT up to date. Leaves everything alone
         while another run holds the lock, or where no lock can be taken (a read-only
         directory): nothing is written there, so nothing is left behind either."""
         prefix = f".{self.out.name}.ckptxform-"
@@ -250,7 +251,16 @@ class OutputDir:
             except (OSError, OutputError) as err:
                 logger.debug("not tidying beside {}: {}", self.out, err)
                 return ()
-            return tuple(self._remove_stale())
+            removed = self._remove_stale()
+            for path in also:
+                if os.path.lexists(path):
+                    try:
+                        _remove(path)
+                    except OSError as err:
+                        raise io_error("removing the finished job", path, err) from None
+                    logger.info("removed {}: a killed run's finished shards, which {} already holds", path, self.out)
+                    removed.append(path)
+            return tuple(removed)
         except OutputError as err:  # OUT is fine; what is left beside it does not fail the run
             logger.warning("{}", err)
             return ()

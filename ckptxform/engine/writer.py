@@ -3,7 +3,7 @@
 ``ShardWriter`` writes the header from the layout, then the executor streams each
 tensor's bytes to its offset chunk by chunk (``pwrite``) or has the kernel copy them from
 a source file (``copy_from``), so memory stays bounded by a chunk. Every tensor is hashed
-(BLAKE3, or sha256 on request: ckptxform.digest) on background threads while the bytes move.
+(BLAKE3, or sha256 on request: ckptxform.tensor_digest) on background threads while the bytes move.
 
 Example::
 
@@ -30,7 +30,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from ckptxform.errors import (
     CheckpointFormatError,
@@ -40,10 +40,10 @@ from ckptxform.errors import (
     quote_keys,
 )
 
-from ..digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
+from ..tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
 from ..fileio import hash_range
 from .layout import OutputLayout, TensorPlacement
-from .outdir import OutputDir, io_error
+from .outdir import io_error
 
 #: chunks at least this big are hashed on the background thread; below it the
 #: hand-off costs more than it saves
@@ -150,18 +150,61 @@ class _TensorState:
         self.copy_hashes: list[Future[None]] = []
 
 
+class WriteTarget(Protocol):
+    """Where a ShardWriter writes: files go to ``tmp_path``, messages name them in ``out``
+    (an OutputDir, or a job's directory of shards: engine/jobdir.py)."""
+
+    @property
+    def tmp_path(self) -> Path: ...
+
+    @property
+    def out(self) -> Path: ...
+
+    @property
+    def fsync(self) -> bool: ...
+
+
+def write_json_file(out: WriteTarget, layout: OutputLayout, name: str, obj: Any) -> Path:
+    """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards of ``layout``."""
+    reserved = {s.file for s in layout.shards} | {layout.index_file}
+    if not name or "/" in name or name in (".", "..") or name in reserved:
+        raise UsageError(f"cannot write {name!r} into the output: use a plain file name "
+                         "other than the weight files")
+    path = out.tmp_path / name
+    try:
+        path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
+    except OSError as err:
+        raise _write_error(out, name, err) from None
+    return path
+
+
+def write_index(out: WriteTarget, layout: OutputLayout) -> None:
+    """Write the shard index of ``layout`` when it has several shards."""
+    if layout.index_file is None:
+        return
+    index = json.dumps(layout.index_json(), indent=2) + "\n"
+    try:
+        (out.tmp_path / layout.index_file).write_text(index, encoding="utf-8")
+    except OSError as err:
+        raise _write_error(out, layout.index_file, err) from None
+
+
+def _write_error(out: WriteTarget, file: str, err: OSError) -> OutputError:
+    return io_error("writing", out.out / file, err)
+
+
 class ShardWriter:
     """Creates the shard files of ``layout`` in ``out.tmp_path`` and streams tensors into them.
 
     ``write`` places the next chunk of a tensor at its offset and ``copy_from`` has the
     kernel copy it from a source file; ``finish_tensor`` checks the byte count; ``close``
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
-    is a tensor's digest (``algorithm``: one of ckptxform.digest.DIGESTS). Nothing waits for a hash before ``close``: large written chunks
+    is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS). Nothing waits for a hash before ``close``: large written chunks
     are hashed on a background thread (the hashers release the GIL) and copied ranges on two
     more, straight from the source's page cache, while the next bytes move.
     """
 
-    def __init__(self, out: OutputDir, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
+    def __init__(self, out: WriteTarget, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
         self.out = out
         self.layout = layout
         self.algorithm = check_digest(algorithm)
@@ -291,16 +334,7 @@ class ShardWriter:
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
-        reserved = {s.file for s in self.layout.shards} | {self.layout.index_file}
-        if not name or "/" in name or name in (".", "..") or name in reserved:
-            raise UsageError(f"cannot write {name!r} into the output: use a plain file name "
-                             "other than the weight files")
-        path = self.out.tmp_path / name
-        try:
-            path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8")
-        except OSError as err:
-            raise self._error(name, err) from None
-        return path
+        return write_json_file(self.out, self.layout, name, obj)
 
     def close(self) -> None:
         """Check every tensor was finished and write the index when sharded."""
@@ -318,12 +352,7 @@ class ShardWriter:
                                   "executor, please report it", key=min(unfinished))
             for key in self._tensors:
                 self.digest(key)
-            if self.layout.index_file is not None:
-                index = json.dumps(self.layout.index_json(), indent=2) + "\n"
-                try:
-                    (self.out.tmp_path / self.layout.index_file).write_text(index, encoding="utf-8")
-                except OSError as err:
-                    raise self._error(self.layout.index_file, err) from None
+            write_index(self.out, self.layout)
         finally:
             self._release()
 
@@ -371,7 +400,7 @@ class ShardWriter:
             offset += done
 
     def _error(self, file: str, err: OSError) -> OutputError:
-        return io_error("writing", self.out.out / file, err)
+        return _write_error(self.out, file, err)
 
     def _release(self) -> None:
         self._closed = True

@@ -1,0 +1,200 @@
+"""Running a planned conversion: its shards by an executor, then the all-or-nothing commit.
+
+Executors: ``local`` (``jobs`` worker processes, or this process when 1) and ``ray``
+(engine/ray_executor.py). ``shard_of=(RANK, WORLD)`` writes only the shards whose index
+is RANK modulo WORLD into the job directory and stops there, for a launcher that runs
+WORLD such processes (srun, torchrun, a Kubernetes indexed job); ``finalize`` then
+writes no shard: it checks every shard is finished and commits OUT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import OutputError, SourceChangedError, UsageError
+from ..log import logger
+from ..sources.pins import check_unchanged
+from .audit import AUDIT_FILE, run_event
+from .digest import RunDigest
+from .files import CopiedFile, copy_files
+from .execute import ApplyResult, WrittenTensor, _Audit
+from .jobdir import JobDir, ShardRecord
+from .layout import OutputLayout
+from .outdir import OutputDir
+from .planner import Plan
+from .shards import ShardTask, default_jobs, run_in_processes, run_inline
+from .writer import write_index, write_json_file
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a plan's shards (see the module docstring)."""
+
+    jobs: int | None = None
+    resume: bool = True
+    executor: str = "local"
+    ray_address: str | None = None
+    shard_of: tuple[int, int] | None = None
+    finalize: bool = False
+
+    def __post_init__(self) -> None:
+        if self.jobs is not None and self.jobs < 1:
+            raise UsageError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.executor not in EXECUTORS:
+            raise UsageError(f"unknown executor {self.executor!r}; choose one of {', '.join(map(repr, EXECUTORS))}")
+        if self.shard_of is not None and not 0 <= self.shard_of[0] < self.shard_of[1]:
+            rank, world = self.shard_of
+            raise UsageError(f"--shard-of {rank}/{world}: RANK must be at least 0 and below WORLD, e.g. 0/4")
+
+
+def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *, force: bool, fsync: bool,
+            digest: RunDigest, identity: dict[str, Any], progress: bool, started: Any) -> ApplyResult:
+    """Write ``plan``'s shards as ``options`` say, then (unless ``shard_of``) commit OUT."""
+    job = JobDir(out, identity, fsync=fsync, rules_path=plan.rules.path)
+    if options.shard_of is not None:
+        return _write_rank(plan, layout, job, options, progress)
+    with OutputDir(out, force=force, fsync=fsync) as odir:
+        try:
+            if options.finalize:
+                records = job.open(layout, resume=True, discard_others=False, must_exist=True)
+                missing = [s.file for s in layout.shards if s.file not in records]
+                if missing:
+                    raise OutputError(f"{len(missing)} of {len(layout.shards)} shard(s) are not finished in "
+                                      f"{job.path}: {', '.join(map(repr, missing[:8]))}"
+                                      f"{' ...' if len(missing) > 8 else ''}; run the ranks that write them "
+                                      "(apply --shard-of), then finalize again", path=str(job.path))
+                tasks: list[ShardTask] = []
+            else:
+                records = job.open(layout, resume=options.resume)
+                tasks = _tasks(plan, layout, job, records, range(len(layout.shards)))
+                _run(plan, layout, tasks, records, options, progress)
+            written, copied, final = _commit(plan, digest, layout, odir, job, records, started)
+        except BaseException as err:
+            if not options.finalize:  # finalize never loses the ranks' shards
+                _keep_or_remove(job, err)
+            raise
+    job.remove()
+    return ApplyResult(out=final, plan=plan, written=written, audit_path=final / AUDIT_FILE,
+                       bytes_written=sum(layout.shards[t.index].data_nbytes for t in tasks),
+                       stale_removed=odir.stale_removed, copied=copied, shards_kept=len(layout.shards) - len(tasks))
+
+
+def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptions, progress: bool) -> ApplyResult:
+    assert options.shard_of is not None
+    rank, world = options.shard_of
+    mine = range(rank, len(layout.shards), world)
+    # other ranks write into the same job directory at the same time: touch only our shards
+    records = job.open(layout, resume=options.resume, discard_others=False,
+                       mine=[layout.shards[i].file for i in mine])
+    tasks = _tasks(plan, layout, job, records, mine)
+    try:
+        _run(plan, layout, tasks, records, options, progress)
+    except BaseException:
+        if job.finished_shards():
+            logger.warning("{} finished shard(s) are kept in {}: rerun this rank to resume", job.finished_shards(),
+                           job.path)
+        raise  # never removed: the other ranks write into it too
+    return ApplyResult(out=job.out, plan=plan, written=(), audit_path=job.path, job_path=job.path,
+                       bytes_written=sum(layout.shards[t.index].data_nbytes for t in tasks),
+                       shards_kept=len(mine) - len(tasks), shard_of=options.shard_of, shards_of_rank=len(mine))
+
+
+def _tasks(plan: Plan, layout: OutputLayout, job: JobDir, records: dict[str, ShardRecord],
+           indices: range) -> list[ShardTask]:
+    kept = [layout.shards[i].file for i in indices if layout.shards[i].file in records]
+    if kept:
+        logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
+                    job.path, len(kept), len(indices))
+    return [ShardTask(plan.rules, job, i, layout.shards[i].file) for i in indices
+            if layout.shards[i].file not in records]
+
+
+def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict[str, ShardRecord],
+         options: RunOptions, progress: bool) -> None:
+    """Run ``tasks`` by the executor of ``options``, adding each record to ``records``."""
+    workers = min(options.jobs or default_jobs(len(tasks)), max(1, len(tasks)))
+    bar = _progress_bar(sum(layout.shards[t.index].data_nbytes for t in tasks), progress)
+    inline = options.executor == "local" and workers == 1
+
+    def done(record: ShardRecord) -> None:
+        records[record.file] = record
+        if bar is not None and not inline:
+            bar.update(record.size)
+
+    try:
+        if options.executor == "ray":
+            from .ray_executor import run_on_ray
+
+            run_on_ray(tasks, done, address=options.ray_address)
+        elif inline:
+            run_inline(plan, layout, tasks, done, None if bar is None else bar.update)
+        else:
+            run_in_processes(tasks, workers, done)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _keep_or_remove(job: JobDir, err: BaseException) -> None:
+    """After a failed or stopped run: keep the job directory when it holds finished shards
+    a rerun can resume, remove it otherwise (none finished, or read from a source that
+    changed since: no rerun of this plan can keep them)."""
+    finished = job.finished_shards()  # on disk: workers may have committed shards not yet reported
+    if finished and not isinstance(err, SourceChangedError):
+        logger.warning("{} finished shard(s) are kept in {}: rerun the same command to resume "
+                       "(--no-resume starts over)", finished, job.path)
+    else:
+        job.remove()
+
+
+def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
+            records: dict[str, ShardRecord],
+            started: Any) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
+    """The all-or-nothing end of a run: every shard, the index, the config, the copied
+    files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
+    algorithm = job.identity["algorithm"]
+    digests = {key: hexdigest for record in records.values() for key, hexdigest in record.digests}
+    written = tuple(sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, digests[o.key],
+                                          o.origin(), algorithm) for o in plan.outputs), key=lambda w: w.key))
+    job.link_into(odir.tmp_path, [s.file for s in layout.shards])
+    write_index(odir, layout)
+    config_sha256 = None
+    if plan.config is not None:
+        config_path = write_json_file(odir, layout, plan.rules.output.config_file, plan.config)
+        config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
+    audit = _Audit(odir)
+    try:
+        copied = tuple(copy_files(plan.files, plan.checkpoints, odir.tmp_path))
+        audit.event(run_event(plan, started, digest))
+        for tensor_record in plan.records:
+            audit.event(tensor_record.to_event())
+        for item in written:
+            audit.event(item.to_event())
+        for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:
+            audit.event(event)
+        audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
+                     "written": len(written), "bytes_written": layout.total_bytes,
+                     "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
+                     "config_file": plan.rules.output.config_file,
+                     "warnings": list(plan.warnings)})
+        # every byte is read: a source written to since it was planned fails the run here
+        check_unchanged(plan.files_read())
+    except BaseException:
+        audit.close(failing=True)
+        raise
+    audit.close()
+    return written, copied, odir.commit()
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=sys.stderr)

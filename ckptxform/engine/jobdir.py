@@ -1,0 +1,260 @@
+"""A job's directory: the finished shards of one apply, kept across a killed or failed run.
+
+``.OUT.ckptxform-job-DIGEST`` beside OUT, where DIGEST names the plan (ckptxform's
+version, the rules, each source's location, commit and weight fingerprint, the output
+layout, the digest algorithm). A shard is written under ``partial/``, flushed, renamed
+into the job directory, and only then given its record (``FILE.record.json``: size,
+header, per-tensor digests), so a record always describes a whole shard. A rerun of the
+same command keeps every shard whose record and file still match and writes the rest; a
+job of another plan is discarded with the reason. The final commit hard-links the shards
+into OUT's temporary sibling (engine/outdir.py); the job directory goes once OUT is in
+place. The temporary-sibling cleanup of outdir.py matches ``-tmp-PID`` and ``-old-PID``
+only, never a job directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import OutputError
+from ..log import logger
+from .digest import RunDigest, changes
+from .layout import OutputLayout, ShardLayout
+from .outdir import io_error
+
+JOB_FILE = "job.json"
+_PARTIAL = "partial"
+_RECORD_SUFFIX = ".record.json"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One finished shard: what a rerun checks before keeping it, and the digests the audit records."""
+
+    file: str
+    size: int
+    header_sha256: str
+    algorithm: str
+    #: ``(key, hex digest)`` of every tensor, in file order
+    digests: tuple[tuple[str, str], ...]
+    #: the shard file's inode and modification time when it was committed
+    inode: int
+    mtime_ns: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
+                "algorithm": self.algorithm, "digests": [list(d) for d in self.digests],
+                "inode": self.inode, "mtime_ns": self.mtime_ns}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ShardRecord | None:
+        """The record ``obj`` describes, or None when it is not a well-formed record."""
+        try:
+            record = cls(obj["file"], obj["size"], obj["header_sha256"], obj["algorithm"],
+                         tuple((key, digest) for key, digest in obj["digests"]), obj["inode"], obj["mtime_ns"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return record if record.to_json() == obj else None
+
+    def matches(self, shard: ShardLayout, algorithm: str) -> bool:
+        return (self.file == shard.file and self.size == shard.file_nbytes and self.algorithm == algorithm
+                and self.header_sha256 == hashlib.sha256(shard.header).hexdigest()
+                and [key for key, _ in self.digests] == [p.spec.key for p in shard.tensors])
+
+
+def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[str, Any]:
+    """Everything a shard's bytes and record depend on, as JSON: the run's digest (the
+    decided plan, every file it read, the sources' commits, ckptxform's version:
+    engine/digest.py), the output layout and the digest algorithm."""
+    shape = hashlib.sha256()
+    for shard in layout.shards:
+        shape.update(f"{shard.file}\0{len(shard.header)}\0".encode() + shard.header)
+    return {**run.record_fields(), "version": run.version,
+            "sources": {name: {"commit": commit} for name, commit in sorted(run.commits.items())},
+            "layout_sha256": shape.hexdigest(), "algorithm": algorithm}
+
+
+def _difference(then: dict[str, Any], now: dict[str, Any], rules_path: str) -> str:
+    """Why a job of identity ``then`` cannot be resumed by a run of identity ``now``."""
+    if then.get("algorithm") != now["algorithm"]:
+        return f"its digests are {then.get('algorithm')!r}, this run asks for {now['algorithm']!r}"
+    current = RunDigest(now["digest"], now["plan_sha256"], now["files_read"],
+                        {name: source["commit"] for name, source in now["sources"].items()}, now["version"])
+    found = changes(current, then, rules_path)
+    if found:
+        return "it was made from " + "; ".join(found)
+    return "the output layout changed (its tensors, shapes, dtypes or shard size)"
+
+
+class JobDir:
+    """The job directory of one plan's output; picklable, so worker processes write into it too.
+
+    As a ShardWriter target (``tmp_path``, ``out``, ``fsync``) it takes shards under
+    ``partial/``; messages name the files as they will be in OUT.
+    """
+
+    def __init__(self, out: Path, identity: dict[str, Any], *, fsync: bool, rules_path: str = "") -> None:
+        self.out = Path(os.path.abspath(out))
+        self.identity = identity
+        #: the rule file, for saying why another job does not fit
+        self.rules_path = rules_path
+        self.digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = self.out.with_name(f".{self.out.name}.ckptxform-job-{self.digest}")
+        self.fsync = fsync
+
+    @property
+    def tmp_path(self) -> Path:
+        """Where this process writes shards before they are committed: one directory per
+        process (and host: ranks on a shared filesystem), so a straggler of a killed run
+        can never rename another run's file."""
+        return self.path / _PARTIAL / f"{socket.gethostname()}-{os.getpid()}"
+
+    def open(self, layout: OutputLayout, *, resume: bool, discard_others: bool = True,
+             mine: list[str] | None = None, must_exist: bool = False) -> dict[str, ShardRecord]:
+        """The records of the finished shards kept, by file. Discards other plans' jobs of
+        OUT (saying why) when ``discard_others``, and this plan's without ``resume``.
+        ``mine``: the only shards this process may rewrite (``--shard-of``: the other
+        ranks write the rest at the same time); None: all, with OUT's lock held.
+        ``must_exist`` (finalize): a missing job directory is an error naming the others."""
+        others = [entry for entry in sorted(self.out.parent.iterdir())
+                  if self._pattern.fullmatch(entry.name) and entry != self.path]
+        if must_exist and not self.path.is_dir():
+            why = "; ".join(f"{entry.name}: {_difference(_read_json(entry / JOB_FILE) or {}, self.identity, self.rules_path)}"
+                            for entry in others)
+            raise OutputError(f"no shards of this plan to finalize: {str(self.path)!r} does not exist"
+                              + (f" (other jobs beside {self.out.name}: {why})" if why else "")
+                              + "; run apply --shard-of for every rank first, with the same rules, sources "
+                              "and --digest", path=str(self.path))
+        for entry in others if discard_others else ():
+            self._discard(entry, _difference(_read_json(entry / JOB_FILE) or {}, self.identity, self.rules_path))
+        if not resume and mine is None and self.path.exists():
+            self._discard(self.path, "--no-resume starts over")
+        try:
+            self.path.mkdir(exist_ok=True)
+            if mine is None:
+                shutil.rmtree(self.path / _PARTIAL, ignore_errors=True)  # shards a killed run had begun
+            self._write_atomic(self.path / JOB_FILE, self.identity)
+        except OSError as err:
+            raise io_error("creating the job directory", self.path, err) from None
+        algorithm = self.identity["algorithm"]
+        kept: dict[str, ShardRecord] = {}
+        for shard in layout.shards:
+            own = mine is None or shard.file in mine
+            record = self._finished(shard, algorithm, clean=own)
+            if record is not None and (resume or not own):
+                kept[shard.file] = record
+        return kept
+
+    @property
+    def _pattern(self) -> re.Pattern[str]:
+        return re.compile(re.escape(f".{self.out.name}.ckptxform-job-") + "[0-9a-f]{16}")
+
+    def commit_shard(self, shard: ShardLayout, partial: Path, digests: tuple[tuple[str, str], ...]) -> ShardRecord:
+        """Flush the written ``partial`` file, rename it into the job directory, then record it."""
+        final = self.path / shard.file
+        try:
+            if self.fsync:
+                _fsync(partial)
+            os.replace(partial, final)
+            stat = final.stat()
+            record = ShardRecord(shard.file, stat.st_size, hashlib.sha256(shard.header).hexdigest(),
+                                 self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns)
+            self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json())
+        except OSError as err:
+            raise io_error("writing", self.out / shard.file, err) from None
+        return record
+
+    def begin_shard(self, shard: ShardLayout) -> Path:
+        """Make room for this process to write ``shard``; the path it will be written at."""
+        try:
+            self.tmp_path.mkdir(parents=True, exist_ok=True)
+            partial = self.tmp_path / shard.file
+            if partial.exists():  # a task of this process that failed
+                partial.unlink()
+        except OSError as err:
+            raise io_error("creating the job directory", self.path, err) from None
+        return partial
+
+    def finished_shards(self) -> int:
+        """How many shards are committed with their record."""
+        return _count_records(self.path)
+
+    def link_into(self, directory: Path, files: list[str]) -> None:
+        """Hard-link the finished shards into ``directory`` (copy where links are refused)."""
+        for file in files:
+            try:
+                try:
+                    os.link(self.path / file, directory / file)
+                except OSError:
+                    shutil.copyfile(self.path / file, directory / file)
+            except OSError as err:
+                raise io_error("writing", self.out / file, err) from None
+
+    def remove(self) -> None:
+        """Remove the job directory (OUT is in place); a failure only warns."""
+        try:
+            shutil.rmtree(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            logger.warning("could not remove the job directory {}: {}", self.path, err)
+
+    def _finished(self, shard: ShardLayout, algorithm: str, *, clean: bool) -> ShardRecord | None:
+        record_path = self.path / (shard.file + _RECORD_SUFFIX)
+        record = ShardRecord.from_json(_read_json(record_path))
+        try:
+            stat = (self.path / shard.file).stat()
+        except OSError:
+            stat = None
+        if (record is not None and stat is not None and record.matches(shard, algorithm)
+                and (stat.st_size, stat.st_ino, stat.st_mtime_ns) == (record.size, record.inode, record.mtime_ns)):
+            return record
+        for path in (record_path, self.path / shard.file) if clean else ():  # half-done or changed: written again
+            if path.exists():
+                path.unlink()
+        return None
+
+    def _discard(self, path: Path, reason: str) -> None:
+        logger.warning("discarding the interrupted job {} ({} finished shard(s)): {}", path, _count_records(path),
+                       reason)
+        try:
+            shutil.rmtree(path)
+        except OSError as err:
+            raise io_error("removing the interrupted job", path, err) from None
+
+    def _write_atomic(self, path: Path, obj: Any) -> None:
+        part = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+        part.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+        if self.fsync:
+            _fsync(part)
+        os.replace(part, path)
+        if self.fsync:
+            _fsync(path.parent)
+
+
+def _count_records(path: Path) -> int:
+    return sum(1 for _ in path.glob("*" + _RECORD_SUFFIX))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,103 @@
+"""``apply --executor ray`` on a real local Ray cluster of two nodes (``ray.cluster_utils.Cluster``,
+stopped by the handles of the processes it started, never ``ray stop``).
+
+Needs the 'ray' extra (``pip install torch==2.13.0 -e ".[test,ray]"``); CI runs it in its
+own step (``pytest -m ray``). Same stand-ins and rules as tests/test_resume.py: outputs are
+compared byte for byte with its uninterrupted ``--jobs 1`` run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_resume import (  # noqa: F401 (fixtures: reference, rules, standins)
+    cmdline, command, files, job_dirs, reference, rules, run, run_killing_one, standins)
+
+from ckptxform.errors import OutputError
+from ckptxform.standins import HeadlineStandins
+
+ray = pytest.importorskip("ray", reason="the Ray executor's tests need the 'ray' extra: "
+                                        "pip install torch==2.13.0 -e '.[test,ray]'")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head node and a second node, one CPU each, so that tasks land on both."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        nodes.add_node(num_cpus=1)
+        nodes.wait_for_nodes()
+        yield nodes
+    finally:
+        nodes.shutdown()
+
+
+def on_ray(rules: Path, standins: HeadlineStandins, out: Path, cluster: Any, *extra: str) -> list[str]:
+    return command(rules, standins, out, "--executor", "ray", "--ray-address", cluster.address, *extra)
+
+
+def test_the_cluster_has_two_nodes(cluster: Any) -> None:
+    assert len(cluster.list_all_nodes()) == 2
+
+
+def test_output_and_audit_are_the_local_executors(rules: Path, standins: HeadlineStandins, cluster: Any,
+                                                   reference: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run(on_ray(rules, standins, out, cluster))
+    assert proc.returncode == 0, proc.stderr
+    assert files(out) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_task_error_is_one_clean_error_naming_the_shard_and_no_output(
+        rules: Path, standins: HeadlineStandins, cluster: Any, tmp_path: Path) -> None:
+    """The drafter's weights change after the run planned them: every task plans again,
+    sees other weights and refuses; the run reports one task's error, naming its shard."""
+    import shutil
+
+    from ckptxform import api
+    from ckptxform.engine.execute import execute
+    from ckptxform.engine.job import RunOptions
+
+    drafter = tmp_path / "drafter"
+    shutil.copytree(standins.sources["drafter"], drafter)
+    plan = api.plan(rules, sources={**standins.sources, "drafter": str(drafter)})
+    try:
+        weights = sorted(drafter.glob("*.safetensors"))[0]
+        os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+        out = tmp_path / "out"
+        with pytest.raises(OutputError) as caught:
+            execute(plan, out, progress=False, options=RunOptions(executor="ray", ray_address=cluster.address))
+    finally:
+        plan.close()
+    assert re.fullmatch(r"shard 'model-000\d\d-of-00013\.safetensors': the sources or rules changed while the run "
+                        r"was going \(a worker planned something else than the run did\); rerun the command",
+                        str(caught.value)), str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]  # no output, no job, no lock
+
+
+def test_a_worker_killed_once_is_retried_and_the_output_is_still_correct(
+        rules: Path, standins: HeadlineStandins, cluster: Any, reference: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+
+    def busy_ray_worker(_run: int) -> list[int]:
+        return [pid for pid in _pids() if cmdline(pid).startswith(b"ray::_ray_shard")]
+
+    proc = run_killing_one(on_ray(rules, standins, out, cluster, "--json"), busy_ray_worker)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "ok"
+    assert files(out) == reference
+    assert job_dirs(out) == []
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
