@@ -16,7 +16,7 @@ from .log import logger
 from .rules.loader import load_rules
 from .rules.model import RuleSet
 from .sources.base import Checkpoint
-from .sources.resolve import open_source
+from .sources.resolve import open_sources
 
 
 def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None,
@@ -38,8 +38,8 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
         ruleset = ruleset.with_sources(dict(sources))
     opened: dict[str, Checkpoint] = {}
     try:
-        for name in needed_sources(ruleset):
-            opened[name] = open_source(ruleset.sources[name], require_pinned=require_pinned)
+        opened = open_sources([ruleset.sources[name] for name in needed_sources(ruleset)],
+                              require_pinned=require_pinned)
         named_in_config = set(re.findall(r"\$\{source\.([^.}]+)\.", repr(ruleset.config)))
         unused = [n for n in ruleset.sources if n not in opened and n not in named_in_config]
         for name in unused:

@@ -19,8 +19,8 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from .errors import CkptxformError, RuleError, UsageError, redact, terminal_line
 from .tensor_digest import DEFAULT_DIGEST, DIGESTS
-from .errors import CkptxformError, RuleError, UsageError, terminal_line
 from .log import configure_stderr
 from .terminal import guarded_stdout
 
@@ -131,7 +131,9 @@ def _reports_errors(func: F) -> F:
 
 def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: bool, **fields: Any) -> NoReturn:
     """One line per problem on stderr; with ``--json`` also one object on stdout that a
-    script can branch on (error type, and which source, file, line, key); exit ``code``."""
+    script can branch on (error type, and which source, file, line, key); exit ``code``.
+    Every line passes ``redact``: an internal error's text may quote a server's."""
+    messages = [redact(line) for line in messages]
     for line in messages:
         click.echo(terminal_line(f"{prefix}{line}"), err=True)
     if as_json and error != "OutputStreamError":

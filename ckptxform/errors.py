@@ -4,11 +4,50 @@ Each error is a ``CkptxformError`` and also the builtin a caller would expect
 (``FileNotFoundError``, ``ValueError``, ...), carries the fields a script can act on
 (``path``, ``line``, ``source``, ``key``), and has a message that quotes the bad value
 and ends with the fix. The CLI maps them to exit codes through ``exit_code``.
+
+Every message passes ``redact`` when the error is made (and the CLI's printer, the log and
+the audit pass it too): a token echoed by a server never reaches a terminal or a file.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable
+
+#: what is left of a secret in a message
+REDACTED = "***"
+_SECRET_PATTERNS = (
+    # an Authorization header as text: "Authorization: Bearer X", "'authorization': 'X'"
+    re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)[^\s\"',;}]+"),
+    re.compile(r"(?i)(\bbearer\s+)[^\s\"',;}]+"),
+    re.compile(r"(\bhf_)[A-Za-z0-9]{8,}"),  # Hugging Face user and org tokens
+    # signed URLs (CDN) and token query parameters
+    re.compile(r"(?i)([?&](?:x-amz-)?(?:signature|credential|security-token|token|sig)=)[^&\s\"']+"),
+)
+_TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+_registered: set[str] = set()
+
+
+def register_secret(value: str | None) -> None:
+    """Have ``redact`` remove ``value`` wherever it appears (a token read from a file)."""
+    if value and len(value) >= 8:
+        _registered.add(value)
+
+
+def redact(text: str) -> str:
+    """``text`` without tokens: Authorization values, bearer tokens, ``hf_...`` tokens,
+    signatures of signed URLs, and the values of HF_TOKEN and registered secrets.
+
+    >>> redact("401: bad header Authorization: Bearer hf_abcdefghijkl")
+    '401: bad header Authorization: Bearer ***'
+    """
+    secrets = _registered | {v for v in (os.environ.get(n) for n in _TOKEN_VARIABLES) if v and len(v) >= 8}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
 
 
 class CkptxformError(Exception):
@@ -26,6 +65,7 @@ class CkptxformError(Exception):
         source: str | None = None,
         key: str | None = None,
     ) -> None:
+        message = redact(message)
         super().__init__(message)
         self.message = message
         self.path = path
@@ -50,7 +90,7 @@ class RuleError(CkptxformError, ValueError):
     exit_code = 2
 
     def __init__(self, problems: Iterable[str], *, path: str | None = None) -> None:
-        self.problems = list(problems)
+        self.problems = [redact(p) for p in problems]
         super().__init__("\n".join(self.problems), path=path)
 
 

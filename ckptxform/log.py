@@ -50,10 +50,16 @@ def _user_chose(real: Any) -> bool:
     return any(name == _PACKAGE + "." for name, _ in activations)
 
 
+_redacting: Any = None
+
+
 def _loguru() -> Any:
-    global _pending_level, _loaded
+    """loguru's logger, every message passing ``errors.redact`` (whatever sink gets it)."""
+    global _pending_level, _loaded, _redacting
     already_imported = "loguru" in sys.modules
     from loguru import logger as real
+
+    from .errors import redact
 
     if not _loaded:
         _loaded = True
@@ -62,7 +68,9 @@ def _loguru() -> Any:
             _apply(level)
         elif not (already_imported and _user_chose(real)):
             real.disable(_PACKAGE)
-    return real
+    if _redacting is None:
+        _redacting = real.patch(lambda record: record.update(message=redact(record["message"])))
+    return _redacting
 
 
 def _drop(*_args: Any, **_kwargs: Any) -> None:

@@ -91,9 +91,17 @@ class ClientRun:
         return next(r for r in self.records if r.get("case") == case)
 
 
+#: The link the client assumes (instead of timing its requests), so that which spans are
+#: joined and what ``fetch: auto`` picks do not depend on the machine's speed. A slow
+#: one (100 KB/s): a request costs what 200 bytes cost, so only gaps up to 200 bytes are
+#: bridged and byte counts stay those of the rows asked; ranges beat any download.
+TEST_LINK = "rtt=0.05,bandwidth=1e5"
+
+
 def client_env(hub: HubServer, home: Path, trap: ProxyTrap, **extra: str) -> dict[str, str]:
     """The environment of a client process: the user's HF_* and proxy settings removed,
-    the test server as endpoint, ``home`` as HF_HOME, and every other host trapped."""
+    the test server as endpoint, ``home`` as HF_HOME, every other host trapped, and
+    ``TEST_LINK`` as the link (pass ``CKPTXFORM_HUB_LINK=""`` to have it measured)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -107,6 +115,7 @@ def client_env(hub: HubServer, home: Path, trap: ProxyTrap, **extra: str) -> dic
         HTTPS_PROXY=trap.url,
         ALL_PROXY=trap.url,
         NO_PROXY="127.0.0.1",
+        CKPTXFORM_HUB_LINK=TEST_LINK,
         PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
     )
     env.update(extra)
@@ -159,7 +168,7 @@ def file_bytes(path: Path, start: int, length: int) -> bytes:
 
 # -- reading the server log --------------------------------------------------------------
 def file_requests(log: list[LoggedRequest]) -> list[LoggedRequest]:
-    """Requests for file contents (``/resolve/``)."""
+    """Requests for file contents (``/resolve/`` on the Hub or its stand-in on the CDN)."""
     return [r for r in log if "/resolve/" in r.path]
 
 

@@ -31,20 +31,20 @@ from hub_fixtures import (
 )
 from hubserver import HubServer
 
-from ckptxform.errors import UsageError
-from ckptxform.sources.hub import parse_hub_location
-from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
+from ckptxform.errors import HubError, UsageError, redact, register_secret
+from ckptxform.sources.hub import SPECULATIVE_HEADER, parse_hub_location
+from ckptxform.sources.hub_fetch import PROBE_BYTES, PROBE_SMALL, link_cost, split_fetch_option
+from ckptxform.sources.hub_ranges import MAX_REQUEST, REQUEST_CPU, LinkCost, RangeCache, Span, plan_requests
 
 SENTINEL_TOKEN = "hf_SENTINELtokenMustNeverBePrinted0123"
 GATE_TOKEN = "hf_gateAccessGranted456"
 LM_HEAD = "language_model.lm_head.weight"
-VOCAB, HIDDEN = 8192, 256  # the verifier's lm_head: 4 MiB of bf16, rows of 512 bytes
+VOCAB, HIDDEN = 32768, 256  # the verifier's lm_head: 16 MiB of bf16, rows of 512 bytes
 ROW = HIDDEN * 2
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
-#: 10 scattered rows; 3 and 4 are adjacent, so they travel in one request
+#: 10 scattered rows; 3 and 4 (like BRIDGED) lie in the first 256 KiB, which the
+#: speculative header read brought already; the others are 300 KB apart or more
 ROWS = [3, 4, 517, 1200, 2048, 3001, 4095, 5555, 7000, 8191]
-#: 40 adjacent rows and one more after a one-row gap: the gap (512 B, under 5% of the
-#: 41 rows needed) is bridged, so one request brings 42 rows
 BRIDGED = [*range(100, 140), 141]
 
 
@@ -65,7 +65,8 @@ def _drafter(folder: Path, seed: int = 0) -> None:
         folder / "model.safetensors",
         {
             "midlayer.self_attn.q_proj.weight": torch.randn(64, 128, generator=g).to(torch.bfloat16),
-            "fc.weight": torch.randn(64, 192, generator=g).to(torch.bfloat16),
+            # 512 KiB: the file outgrows the speculative header read (256 KiB)
+            "fc.weight": torch.randn(64, 4096, generator=g).to(torch.bfloat16),
             "norm.weight": torch.ones(64, dtype=torch.bfloat16),
             "lm_head.weight": torch.randn(32, 64, generator=g).to(torch.bfloat16),
             "d2t": torch.arange(32, dtype=torch.int64) * 3,
@@ -152,6 +153,16 @@ def _ranges(log: list, suffix: str) -> list[str | None]:
     return sorted((r.range for r in file_requests(log) if r.path.endswith(suffix)), key=str)
 
 
+def span_range(offset: int, nbytes: int) -> str:
+    return f"bytes={offset}-{offset + nbytes - 1}"
+
+
+def _requests(log: list) -> list[tuple]:
+    """(host, method, path, range, status) of every request, sorted: requests sent at once
+    arrive in any order."""
+    return sorted(((r.host, r.method, r.path, r.range, r.status) for r in log), key=str)
+
+
 # -- plan, rows, warm cache, offline ------------------------------------------------------
 PLAN = """
 ckpt = open_hub("org/verifier", "main", name="verifier", retry=FAST)
@@ -190,22 +201,27 @@ def test_plan_reads_index_and_one_header_then_rows_by_range(
         "info": [SHARDS[2], offset, nbytes, [VOCAB, HIDDEN]],
     }
     assert f"revision 'main' is not a commit; it resolved to {commit}" in run.stderr
-    # The branch is resolved once; every file request names the commit.
-    header = header_size(folder / SHARDS[2])
+    # The branch is resolved once; every file request names the commit. Config, index and
+    # the single-file probe go out at once; the shard is resolved once (a 302 to the CDN)
+    # and its header read in one speculative request.
     base = f"/org/verifier/resolve/{commit}"
-    assert [(r.method, r.path, r.range, r.status) for r in hub.server.log] == [
-        ("GET", "/api/models/org/verifier/revision/main", None, 200),
-        ("HEAD", f"{base}/config.json", None, 200),
-        ("GET", f"{base}/config.json", None, 200),
-        ("HEAD", f"{base}/model.safetensors.index.json", None, 200),
-        ("GET", f"{base}/model.safetensors.index.json", None, 200),
-        ("GET", f"{base}/{SHARDS[2]}", "bytes=0-7", 206),
-        ("GET", f"{base}/{SHARDS[2]}", f"bytes=8-{header - 1}", 206),
-    ]
+    assert _requests(hub.server.log) == sorted([
+        ("hub", "GET", "/api/models/org/verifier/revision/main", None, 200),
+        ("hub", "HEAD", f"{base}/config.json", None, 200),
+        ("hub", "GET", f"{base}/config.json", None, 200),
+        ("hub", "HEAD", f"{base}/model.safetensors.index.json", None, 200),
+        ("hub", "GET", f"{base}/model.safetensors.index.json", None, 200),
+        ("hub", "HEAD", f"{base}/model.safetensors", None, 404),
+        ("hub", "HEAD", f"{base}/{SHARDS[2]}", None, 302),
+        ("cdn", "GET", f"{base}/{SHARDS[2]}", f"bytes=0-{SPECULATIVE_HEADER - 1}", 206),
+    ], key=str)
     json_bytes = (folder / "config.json").stat().st_size + (folder / "model.safetensors.index.json").stat().st_size
-    assert body_bytes(hub.server.log) == json_bytes + header  # no weight byte
+    assert header_size(folder / SHARDS[2]) < SPECULATIVE_HEADER
+    assert body_bytes(hub.server.log) == json_bytes + SPECULATIVE_HEADER
+    assert not any(r.authorized for r in hub.server.log if r.host == "cdn")  # the token stays on the Hub
 
-    # apply: only the rows' bytes travel (JSON and header come from the caches).
+    # apply: only the rows' bytes travel (JSON and header come from the caches), rows in
+    # the speculative read's first 256 KiB not even those.
     hub.server.clear_log()
     apply = APPLY.replace("ROWS", repr(ROWS)).replace("BRIDGED", repr(BRIDGED))
     run = run_client(apply, env)
@@ -213,13 +229,14 @@ def test_plan_reads_index_and_one_header_then_rows_by_range(
     expected = _expected_rows(folder / SHARDS[2], ROWS + BRIDGED)
     assert run.records == [{"rows": expected, "local": True}]
     log = hub.server.log
-    assert all(r.path.endswith(SHARDS[2]) and r.method == "GET" and r.status == 206 for r in file_requests(log))
-    spans = [(3, 5), *((r, r + 1) for r in ROWS[2:]), (100, 142)]
-    assert _ranges(log, SHARDS[2]) == sorted(
-        (f"bytes={offset + a * ROW}-{offset + b * ROW - 1}" for a, b in spans), key=str
-    )
-    assert body_bytes(log) == (len(ROWS) + len(BRIDGED) + 1) * ROW  # 10 + 41 rows + the 1-row bridged gap
-    assert body_bytes(log) < nbytes // 50
+    fetched = [r for r in ROWS if offset + (r + 1) * ROW > SPECULATIVE_HEADER]
+    assert fetched == ROWS[2:]  # 3, 4 and BRIDGED were in the first 256 KiB
+    assert _requests(log) == sorted(
+        [("hub", "GET", "/api/models/org/verifier/revision/main", None, 200),
+         ("hub", "HEAD", f"{base}/{SHARDS[2]}", None, 302)]
+        + [("cdn", "GET", f"{base}/{SHARDS[2]}", f"bytes={offset + r * ROW}-{offset + (r + 1) * ROW - 1}", 206)
+           for r in fetched], key=str)
+    assert body_bytes(log) == len(fetched) * ROW
 
     # A second apply transfers nothing but the revision lookup.
     hub.server.clear_log()
@@ -243,7 +260,7 @@ sha = lambda b: hashlib.sha256(b).hexdigest()
 vocab = open_hub("org/drafter", "COMMIT", name="target_vocab", policy="ranges", retry=FAST)
 emit(step="vocab", d2t=sha(vocab.read(vocab.tensors["d2t"])), t2d=sha(vocab.read(vocab.tensors["t2d"])),
      cached=vocab.local_path("model.safetensors") is not None)
-drafter = open_hub("org/drafter", "COMMIT", name="drafter", retry=FAST)
+drafter = open_hub("org/drafter", "COMMIT", name="drafter", policy="download", retry=FAST)
 drafter.prefetch(drafter.files)
 emit(step="drafter", local=str(drafter.local_path("model.safetensors")),
      lm_head=sha(drafter.read(drafter.tensors["lm_head.weight"])), config=drafter.config())
@@ -278,15 +295,18 @@ def test_drafter_vocab_by_ranges_and_weights_through_hf_cache(
 
     log = hub.server.log
     assert not any("training_state" in r.path for r in log)
+    # int64 d2t comes first in the file, within the speculative read; bool t2d last.
+    assert spans["d2t"][0] + spans["d2t"][1] <= SPECULATIVE_HEADER < spans["t2d"][0]
     ranged = [r for r in file_requests(log) if r.range]
-    header = header_size(model)
     assert sorted(r.range for r in ranged) == sorted(
-        ["bytes=0-7", f"bytes=8-{header - 1}"]
-        + [f"bytes={o}-{o + n - 1}" for o, n in (spans["d2t"], spans["t2d"])]
+        [f"bytes=0-{SPECULATIVE_HEADER - 1}", span_range(*spans["t2d"])]
     )
-    assert sum(r.sent for r in ranged) == header + spans["d2t"][1] + spans["t2d"][1]
-    whole = [r for r in file_requests(log) if r.path.endswith("/model.safetensors") and not r.range]
-    assert [(r.method, r.sent) for r in whole] == [("HEAD", 0), ("GET", model.stat().st_size)]
+    assert {r.host for r in ranged} == {"cdn"}
+    assert sum(r.sent for r in ranged) == SPECULATIVE_HEADER + spans["t2d"][1]
+    whole = [(r.host, r.method, r.status, r.sent) for r in file_requests(log)
+             if r.path.endswith("/model.safetensors") and not r.range]
+    # resolved once by the vocab reader (HEAD, 302), then by hf_hub_download: HEAD, CDN GET
+    assert whole == [("hub", "HEAD", 302, 0), ("hub", "HEAD", 302, 0), ("cdn", "GET", 200, model.stat().st_size)]
 
     hub.server.clear_log()
     run = run_client(code, env)
@@ -336,17 +356,84 @@ def test_branch_and_tag_resolve_to_commits(hub: Hub, trap: ProxyTrap, fresh: Non
     assert resolves and all(f"/resolve/{v1}/" in r.path or f"/resolve/{v2}/" in r.path for r in resolves)
     # Policy "download": headers by range, then the whole file through the cache.
     v2_model = hub.root / "tagged-v2" / "model.safetensors"
-    assert [(r.method, r.range, r.sent) for r in resolves if r.path.endswith(f"/resolve/{v2}/model.safetensors")] == [
-        ("GET", "bytes=0-7", 8),
-        ("GET", f"bytes=8-{header_size(v2_model) - 1}", header_size(v2_model) - 8),
-        ("HEAD", None, 0),
-        ("GET", None, v2_model.stat().st_size),
+    assert [(r.host, r.method, r.range, r.sent) for r in resolves
+            if r.path.endswith(f"/resolve/{v2}/model.safetensors")] == [
+        ("hub", "HEAD", None, 0),
+        ("cdn", "GET", f"bytes=0-{SPECULATIVE_HEADER - 1}", SPECULATIVE_HEADER),
+        ("hub", "HEAD", None, 0),
+        ("cdn", "GET", None, v2_model.stat().st_size),
     ]
     assert [r.path for r in hub.server.log if "/api/" in r.path] == [
         "/api/models/org/tagged/revision/v1",
         "/api/models/org/tagged",
         "/api/models/org/tagged/revision/main",
     ]
+
+
+# -- the CDN and the link -------------------------------------------------------------------
+EXPIRY = """
+import hashlib, time
+ckpt = open_hub("org/verifier", "COMMIT", name="verifier", policy="ranges", retry=FAST)
+info = ckpt.tensors["language_model.lm_head.weight"]
+rows = ckpt.read_rows(info, [600, 601])
+time.sleep(4)  # the signed CDN URL, valid 3 s, expires
+rows.update(ckpt.read_rows(info, [900]))
+emit(rows={r: hashlib.sha256(b).hexdigest() for r, b in rows.items()})
+"""
+
+
+def test_an_expired_cdn_url_is_resolved_again(hub: Hub, trap: ProxyTrap, fresh: None, tmp_path: Path) -> None:
+    commit = hub.commits["org/verifier"]
+    with HubServer(cdn_ttl=3) as server:
+        assert server.add_repo("org/verifier", hub.root / "verifier") == commit
+        run = run_client(EXPIRY.replace("COMMIT", commit), client_env(server, tmp_path / "home", trap))
+        log = [r for r in file_requests(server.log) if r.path.endswith(SHARDS[2])]
+    assert run.returncode == 0, run.stderr
+    assert run.records == [{"rows": _expected_rows(hub.root / "verifier" / SHARDS[2], [600, 601, 900])}]
+    # resolved, read (header, rows); then refused (expired), resolved again, read
+    statuses = [(r.host, r.method, r.status) for r in log]
+    assert statuses[-3:] == [("cdn", "GET", 403), ("hub", "HEAD", 302), ("cdn", "GET", 206)]
+    assert statuses.count(("hub", "HEAD", 302)) == 2
+
+
+MEASURED = """
+ckpt = open_hub("org/verifier", "COMMIT", name="verifier", retry=FAST)
+ckpt.prefetch([], rows={"language_model.lm_head.weight": ROWS})
+emit(events=ckpt.fetch_events())
+"""
+
+
+def test_auto_picks_by_the_link_it_measured(hub: Hub, trap: ProxyTrap, fresh: None, tmp_path: Path) -> None:
+    """50 ms a request and 4 MB/s: the bandwidth is measured by reading 4 KiB then 4 MiB
+    of what is needed anyway; the rows left then take ~0.1 s by ranges, the 16 MiB shard ~4 s."""
+    commit = hub.commits["org/verifier"]
+    offset, _ = tensor_span(hub.root / "verifier" / SHARDS[2], LM_HEAD)
+    rows = [*ROWS, 20_000, 30_000]
+    with HubServer(latency=0.05, bandwidth=4e6) as server:
+        server.add_repo("org/verifier", hub.root / "verifier")
+        env = client_env(server, tmp_path / "home", trap, CKPTXFORM_HUB_LINK="")
+        run = run_client(MEASURED.replace("COMMIT", commit).replace("ROWS", repr(rows)), env)
+        log = [r for r in file_requests(server.log) if r.path.endswith(SHARDS[2])]
+    assert run.returncode == 0, run.stderr
+    ((event,),) = [r["events"] for r in run.records]
+    estimate = event.pop("estimate")
+    assert event.pop("seconds") > 0  # how long the rows took
+    assert event == {"event": "fetch", "source": "verifier", "file": SHARDS[2], "policy": "auto", "choice": "ranges"}
+    probe = offset + ROWS[2] * ROW  # from the first row beyond the header's first read (3, 4 are in it)
+    assert [(r.range, r.sent) for r in log if r.host == "cdn"][:3] == [
+        (f"bytes=0-{SPECULATIVE_HEADER - 1}", SPECULATIVE_HEADER),
+        (span_range(probe, PROBE_SMALL), PROBE_SMALL),
+        (span_range(probe + PROBE_SMALL, PROBE_BYTES - PROBE_SMALL), PROBE_BYTES - PROBE_SMALL)]
+    left = [r for r in rows if offset + r * ROW >= probe + PROBE_BYTES]
+    assert left == [20_000, 30_000]
+    assert estimate["ranges"] == {"requests": len(left), "bytes": len(left) * ROW,
+                                  "seconds": estimate["ranges"]["seconds"]}
+    assert estimate["download"]["bytes"] == (hub.root / "verifier" / SHARDS[2]).stat().st_size
+    link = estimate["link"]
+    assert link["rtt_s"] >= 0.05 and link["parallel"] == 32 and link["from"].endswith(" requests")
+    assert 2e6 < link["bandwidth_Bps"] < 8e6  # the cap, as the probe saw it
+    assert estimate["ranges"]["seconds"] < 0.5 < 2 < estimate["download"]["seconds"]
+    assert len([r for r in log if r.host == "cdn"]) == 3 + len(left)  # header, probe, then the rows
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -455,6 +542,41 @@ def test_errors_name_source_repo_revision_and_fix(hub: Hub, trap: ProxyTrap, fre
     assert GATE_TOKEN not in run.stdout + run.stderr
 
 
+LOOP = """
+def header():
+    ckpt = open_hub("org/verifier", "COMMIT", name="verifier", retry=FAST)
+    ckpt.tensors["language_model.lm_head.weight"]
+attempt("loop", header)
+"""
+
+
+def test_a_redirect_loop_on_the_hub_is_one_error_naming_the_file(
+        hub: Hub, trap: ProxyTrap, fresh: None, tmp_path: Path) -> None:
+    commit = hub.commits["org/verifier"]
+    hub.server.misbehave(f"/org/verifier/resolve/*/{SHARDS[2]}", "loop", host="hub", method="HEAD", times=1000)
+    run = run_client(LOOP.replace("COMMIT", commit), client_env(hub.server, tmp_path / "home", trap))
+    assert run.returncode == 0, run.stderr
+    ((record),) = run.records
+    base = f"{hub.server.endpoint}/org/verifier/resolve/{commit}/{SHARDS[2]}"
+    assert (record["error"], record["message"]) == (
+        "HubError",
+        f"source 'verifier' (Hub repo org/verifier@{commit}): file {SHARDS[2]!r}: the server redirected in a loop "
+        f"(TooManyRedirects: Exceeded 20 redirects while resolving {base!r}.); check HF_ENDPOINT and any proxy")
+    assert len([r for r in hub.server.log if r.status == 302]) == 20  # huggingface_hub's bound, then it stops
+
+
+def test_redact_removes_tokens_whatever_text_carries_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "plainSecretValue42")
+    register_secret("savedTokenFromAFile9")
+    text = ("401: Authorization: Bearer hf_abcdefghijklmnop; {'authorization': 'Bearer abc.def'} "
+            "token plainSecretValue42 and savedTokenFromAFile9 at https://cdn/x?Expires=1&Signature=c2lnbmF0dXJl")
+    assert redact(text) == ("401: Authorization: Bearer ***; {'authorization': 'Bearer ***'} "
+                            "token *** and *** at https://cdn/x?Expires=1&Signature=***")
+    # every ckptxform error is redacted when it is made, whatever raised it
+    assert str(HubError("HTTP 400: bad header 'Authorization: Bearer hf_abcdefghijklmnop'")) == (
+        "HTTP 400: bad header 'Authorization: Bearer ***'")
+
+
 OFFLINE = """
 attempt("branch", lambda: open_hub("org/drafter", "main", name="drafter", retry=FAST))
 attempt("commit", lambda: open_hub("org/drafter", "COMMIT", name="drafter", retry=FAST))
@@ -511,15 +633,49 @@ def test_parse_hub_location_rejects_a_bad_hf_url() -> None:
     assert str(err.value) == "'hf://just-a-name' is not a Hub location; write hf://ORG/NAME or hf://ORG/NAME@REVISION"
 
 
-def test_plan_requests_merges_adjacent_and_bridges_only_cheap_gaps() -> None:
-    rows = [Span(i * 100, (i + 1) * 100) for i in range(40)]  # 4000 bytes needed
-    assert plan_requests([*rows, Span(4100, 4200)]) == [Span(0, 4200)]  # 100-byte gap <= 5% of 4100
-    assert plan_requests([*rows, Span(4300, 4400)]) == [Span(0, 4000), Span(4300, 4400)]  # 300 > 5%
-    assert plan_requests([Span(0, 10), Span(10, 20)], max_waste=0) == [Span(0, 20)]  # adjacency is free
-    far = [Span(0, 10_000_000), Span(10_000_000 + 70_000, 20_000_000)]
-    assert plan_requests(far, max_waste=1.0) == far  # a gap above 64 KiB is never bridged
-    big = [Span(0, 40_000_000), Span(40_000_000, 80_000_000)]
-    assert plan_requests(big) == big  # one response stays under 64 MiB
+def test_plan_requests_bridges_a_gap_exactly_when_it_costs_less_than_a_request() -> None:
+    # 50 ms round trips shared by 16 requests in flight: 3.125 ms a request; at 25 MB/s
+    # that is what 78,125 bytes cost.
+    far = LinkCost(rtt=0.05, bandwidth=25e6, parallel=16)
+    assert far.per_request == 0.05 / 16 and far.gap_worth_bridging == 78_125
+    rows = [Span(i * 100, (i + 1) * 100) for i in range(40)]  # adjacent: always one request
+    assert plan_requests(rows, far) == [Span(0, 4000)]
+    assert plan_requests([*rows, Span(4000 + 78_125, 82_225)], far) == [Span(0, 82_225)]
+    assert plan_requests([*rows, Span(4000 + 78_126, 82_226)], far) == [Span(0, 4000), Span(82_126, 82_226)]
+    # On a loopback link a request costs its CPU (2 ms), and 1 GB/s makes 2 MB gaps cheap.
+    near = LinkCost(rtt=0.0002, bandwidth=1e9, parallel=32)
+    assert near.per_request == REQUEST_CPU == 0.002 and near.gap_worth_bridging == 2_000_000
+    assert plan_requests([Span(0, 10), Span(900_000, 900_010)], near) == [Span(0, 900_010)]
+    assert plan_requests([Span(0, 10), Span(900_000, 900_010)], far) == [Span(0, 10), Span(900_000, 900_010)]
+    # No response is larger than MAX_REQUEST: a large span is cut into pieces.
+    big = plan_requests([Span(0, 2 * MAX_REQUEST + 5)], far)
+    assert big == [Span(0, MAX_REQUEST), Span(MAX_REQUEST, 2 * MAX_REQUEST), Span(2 * MAX_REQUEST, 2 * MAX_REQUEST + 5)]
+
+
+def test_fetch_estimates_pick_the_faster_of_ranges_and_download() -> None:
+    far = LinkCost(rtt=0.05, bandwidth=25e6, parallel=16)
+    # 6,400 rows of 2 KiB from a 335 MB shard: 6,400 requests at 3.125 ms, 13 MB; or 13.4 s
+    assert far.ranges_time(6400, 6400 * 2048) == pytest.approx(0.05 + 20.0 + 0.524288)
+    assert far.download_time(335_544_320) == pytest.approx(0.1 + 13.4217728)
+    near = LinkCost(rtt=0.0002, bandwidth=1e9, parallel=32)
+    assert near.ranges_time(6400, 6400 * 2048) > near.download_time(335_544_320)
+
+
+def test_fetch_option_and_link_variable_are_parsed_strictly(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert split_fetch_option("org/v@main?fetch=download") == ("org/v@main", "download")
+    assert split_fetch_option("hf://org/v?fetch=ranges") == ("hf://org/v", "ranges")
+    assert split_fetch_option("org/v@main") == ("org/v@main", None)
+    with pytest.raises(UsageError) as err:
+        split_fetch_option("org/v@main?fetch=fast")
+    assert str(err.value) == ("'org/v@main?fetch=fast': fetch='fast' is not one of auto, ranges, download; write "
+                              "ORG/NAME@REVISION?fetch=auto|ranges|download")
+    monkeypatch.setenv("CKPTXFORM_HUB_LINK", "rtt=0.02,bandwidth=1e8")
+    assert link_cost() == LinkCost(rtt=0.02, bandwidth=1e8, parallel=32)
+    monkeypatch.setenv("CKPTXFORM_HUB_LINK", "rtt=20ms")
+    with pytest.raises(UsageError) as err:
+        link_cost()
+    assert str(err.value) == ("CKPTXFORM_HUB_LINK='rtt=20ms': write rtt=SECONDS,bandwidth=BYTES_PER_SECOND, "
+                              "e.g. rtt=0.05,bandwidth=25e6")
 
 
 def test_range_cache_serves_spans_across_pieces_and_across_instances(tmp_path: Path) -> None:

@@ -12,7 +12,9 @@ prints the measured figures.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -32,9 +34,10 @@ from conftest import (
     same_bits,
 )
 from hub_fixtures import ProxyTrap, client_env, file_requests, header_size, tensor_span
-from hubserver import HubServer, LoggedRequest
+from hubserver import HubServer, LoggedRequest, hub_file
 
 from ckptxform import api
+from ckptxform.sources.hub import SPECULATIVE_HEADER
 from ckptxform.standins import KIMI_K2, HeadlineStandins, build_headline_standins
 
 RULE = "rules/aqmedai_k2_to_k25.yaml"
@@ -125,12 +128,19 @@ def span_range(path: Path, key: str) -> str:
 
 
 def header_ranges(path: Path) -> list[str]:
-    return ["bytes=0-7", f"bytes=8-{header_size(path) - 1}"]
+    return [f"bytes=0-{speculative(path) - 1}"]
+
+
+def speculative(path: Path) -> int:
+    """What the first read of a safetensors file moves: its first 256 KiB (its header
+    and what follows), or all of a smaller file."""
+    return min(size(path), SPECULATIVE_HEADER)
 
 
 def vocab_bytes(path: Path) -> int:
-    """Header, d2t and t2d of a drafter's model.safetensors: what a vocab map read moves."""
-    return header_size(path) + tensor_span(path, "d2t")[1] + tensor_span(path, "t2d")[1]
+    """The first read, and d2t and t2d where they lie beyond it: what a vocab map read moves."""
+    beyond = (max(0, o + n - max(o, SPECULATIVE_HEADER)) for o, n in (tensor_span(path, k) for k in ("d2t", "t2d")))
+    return speculative(path) + sum(beyond)
 
 
 def lm_head_shard(served: Served) -> str:
@@ -138,9 +148,13 @@ def lm_head_shard(served: Served) -> str:
     return str(index["weight_map"][LM_HEAD])
 
 
-def needed_rows(served: Served) -> int:
+def rows_read(served: Served) -> list[int]:
     """K2.5 draft tokens the K2 drafter lacks: the rows read from the verifier's lm_head."""
-    return len(set(served.standins.k25_ids) - set(served.standins.k2_ids))
+    return sorted(set(served.standins.k25_ids) - set(served.standins.k2_ids))
+
+
+def needed_rows(served: Served) -> int:
+    return len(rows_read(served))
 
 
 def sources(served: Served, revision: str | None = None) -> list[str]:
@@ -210,29 +224,32 @@ def test_plan_and_apply_move_only_the_bytes_the_conversion_needs(fresh: Served, 
         (T, "model.safetensors"): vocab_bytes(t_model),
         (V, "config.json"): size(v_dir / "config.json"),
         (V, "model.safetensors.index.json"): size(v_dir / "model.safetensors.index.json"),
-        (V, shard): header_size(v_dir / shard),  # one header of four shards; no weight byte
+        (V, "model.safetensors"): 0,  # a HEAD answered 404 (asked alongside the index)
+        (V, shard): speculative(v_dir / shard),  # one header of four shards, in one request
     }
-    for model in (d_model, t_model):
-        repo = D if model is d_model else T
-        assert ranges(log, repo, "model.safetensors") == sorted(
-            [*header_ranges(model), span_range(model, "d2t"), span_range(model, "t2d")])
+    # The drafters are smaller than the first read: header, d2t and t2d in one request.
+    assert size(d_model) <= SPECULATIVE_HEADER and size(t_model) <= SPECULATIVE_HEADER
+    for repo, model in ((D, d_model), (T, t_model)):
+        assert ranges(log, repo, "model.safetensors") == header_ranges(model)
     assert ranges(log, V, shard) == header_ranges(v_dir / shard)
-    assert api_calls(log) == [f"/api/models/{repo}" for repo in (D, T, V)]  # the default branch, once each
+    assert header_size(v_dir / shard) < SPECULATIVE_HEADER
+    assert sorted(api_calls(log)) == [f"/api/models/{repo}" for repo in (D, T, V)]  # the default branch, once each
     assert not any("training_state" in r.path for r in log)
     for repo, commit in served.commits.items():
         assert f"{repo} @ {commit}" in proc.stdout
     plan_bytes = total(log)
 
-    # Offline from the plan's cache: the drafter's weights were never downloaded, so apply
-    # fails on that file, names it and the fix, and leaves no output.
+    # Offline from the plan's cache: the verifier's rows were never fetched (the drafter's
+    # file, all in its first read, was), so apply fails on that file, names it and the
+    # fix, and leaves no output.
     out = tmp_path / "offline-miss"
     proc = served.cli(served.env(plan_home, HF_HUB_OFFLINE="1"), "apply", RULE, *sources(served, "main"),
                       "--out", out)
     line = assert_failed_cleanly(proc, out)
     assert line == (
-        f"error: source 'drafter' (Hub repo {D}@main): HF_HUB_OFFLINE=1 and file 'model.safetensors' is not in "
+        f"error: source 'verifier' (Hub repo {V}@main): HF_HUB_OFFLINE=1 and file {shard!r} is not in "
         f"the Hugging Face cache ({plan_home / 'hub-cache'}); run once without HF_HUB_OFFLINE=1, or fill the "
-        f"cache with `hf download {D} model.safetensors --revision {served.commits[D]}`")
+        f"cache with `hf download {V} {shard} --revision {served.commits[V]}`")
     assert served.server.log == []
 
     # apply from a cold cache: the drafter's weights, the target's d2t/t2d, the verifier's rows.
@@ -250,17 +267,20 @@ def test_plan_and_apply_move_only_the_bytes_the_conversion_needs(fresh: Served, 
     assert moved == {
         (D, "config.json"): size(d_dir / "config.json"),
         (D, "model.safetensors.index.json"): 0,
-        (D, "model.safetensors"): vocab_bytes(d_model) + size(d_model),  # headers + maps, then the file
+        (D, "model.safetensors"): size(d_model),  # all of it in the first read: prefetch finds it cached
         (T, "config.json"): size(t_dir / "config.json"),
         (T, "model.safetensors.index.json"): 0,
         (T, "model.safetensors"): vocab_bytes(t_model),
         (V, "config.json"): size(v_dir / "config.json"),
         (V, "model.safetensors.index.json"): size(v_dir / "model.safetensors.index.json"),
+        (V, "model.safetensors"): 0,
     }
     assert not any("training_state" in r.path for r in log)  # nor any other verifier shard (above)
-    assert rows * row_bytes + header <= verifier_weights <= 1.10 * (rows * row_bytes + header)
-    assert verifier_weights < size(v_dir / shard) / 100
-    assert api_calls(log) == [f"/api/models/{repo}/revision/main" for repo in (D, T, V)]
+    first = speculative(v_dir / shard)
+    beyond = len([t for t in rows_read(served) if tensor_span(v_dir / shard, LM_HEAD)[0] + t * row_bytes >= first])
+    assert first + beyond * row_bytes <= verifier_weights <= first + 1.10 * beyond * row_bytes
+    assert verifier_weights < size(v_dir / shard) / 10
+    assert sorted(api_calls(log)) == [f"/api/models/{repo}/revision/main" for repo in (D, T, V)]
     apply_bytes = total(log)
 
     audit, reference_audit = read_audit(out), read_audit(served.reference)
@@ -291,7 +311,7 @@ def test_plan_and_apply_move_only_the_bytes_the_conversion_needs(fresh: Served, 
     proc = served.cli(env, "apply", RULE, *sources(served, "main"), "--out", out2)
     assert proc.returncode == 0, proc.stderr
     assert_same_conversion(served, out2)
-    assert [(r.method, r.path, r.status) for r in served.server.log] == [
+    assert sorted((r.method, r.path, r.status) for r in served.server.log) == [
         ("GET", f"/api/models/{repo}/revision/main", 200) for repo in (D, T, V)]
 
     # Offline from the warm cache: not a single request.
@@ -344,7 +364,7 @@ def test_hub_errors_name_the_source_repo_and_revision(
     assert line == message.format(endpoint=served.server.endpoint)
     # Failed while opening the sources: of the weight files, headers only travelled.
     weights = [r for r in file_requests(served.server.log) if r.path.endswith(".safetensors")]
-    assert all(r.range is not None and r.range.startswith(("bytes=0-7", "bytes=8-")) for r in weights)
+    assert all(r.method == "HEAD" or (r.range or "").startswith("bytes=0-") for r in weights), weights
 
 
 # -- inspect and vocab-diff ------------------------------------------------------------------
@@ -361,10 +381,10 @@ def test_inspect_and_vocab_diff_read_headers_and_maps_only(fresh: Served, tmp_pa
     assert by_file(served.server.log) == {
         (D, "config.json"): size(d_dir / "config.json"),
         (D, "model.safetensors.index.json"): 0,
-        (D, "model.safetensors"): header_size(d_dir / "model.safetensors"),
+        (D, "model.safetensors"): speculative(d_dir / "model.safetensors"),
     }
 
-    # A sharded repo: every header (inspect lists every tensor), no weight byte.
+    # A sharded repo: every header (inspect lists every tensor), each in one request.
     proc = served.cli(env, "inspect", f"hf://{V}@main", "--json")
     assert proc.returncode == 0, proc.stderr
     listed = json.loads(proc.stdout)
@@ -376,14 +396,15 @@ def test_inspect_and_vocab_diff_read_headers_and_maps_only(fresh: Served, tmp_pa
     assert by_file(served.server.log) == {
         (V, "config.json"): size(v_dir / "config.json"),
         (V, "model.safetensors.index.json"): size(v_dir / "model.safetensors.index.json"),
-        **{(V, s): header_size(v_dir / s) for s in shards},
+        (V, "model.safetensors"): 0,
+        **{(V, s): speculative(v_dir / s) for s in shards},
     }
 
     proc = served.cli(env, "vocab-diff", D, T)
     assert proc.returncode == 0, proc.stderr
-    # The cache from inspect holds the drafter's config and header: only its maps travel.
+    # The cache from inspect holds the drafter's config and first read (maps included):
+    # nothing of it travels.
     assert by_file(served.server.log) == {
-        (D, "model.safetensors"): vocab_bytes(d_dir / "model.safetensors") - header_size(d_dir / "model.safetensors"),
         (T, "config.json"): size(t_dir / "config.json"),
         (T, "model.safetensors.index.json"): 0,
         (T, "model.safetensors"): vocab_bytes(t_dir / "model.safetensors"),
@@ -392,3 +413,118 @@ def test_inspect_and_vocab_diff_read_headers_and_maps_only(fresh: Served, tmp_pa
     local = served.cli(env, "vocab-diff", d_dir, t_dir)
     assert local.returncode == 0, local.stderr
     assert proc.stdout.splitlines()[2:] == local.stdout.splitlines()[2:]  # all but the A:/B: lines
+
+
+# -- a server that misbehaves while rows are read ------------------------------------------
+SENTINEL = "hf_SENTINELtokenEchoedByTheServer0123"
+#: what follows ``error: source 'verifier' (Hub repo ORG/V@main): file 'SHARD': `` per fault
+BAD_SERVER = {
+    "bytes-changed": r"changed on the server during the run \(ETag '\"{etag}\"' at the first read, "
+                     r"'\"{other_etag}\"' now\); rerun to read one version",
+    "wrong-content-range": r"asked for bytes (\d+)-(\d+) of {size}, the server answered Content-Range "
+                           r"'bytes (\d+)-(\d+)/{size}' \(check HF_ENDPOINT and any proxy\)",
+    "short-body": r"the server answered 10 bytes for bytes (\d+)-(\d+) \(\d+ asked\) \(check HF_ENDPOINT and any "
+                  r"proxy\)",
+    "200-whole-file": r"the server answered HTTP 200 with {size} bytes where part (\d+)-(\d+) \(HTTP 206\) was "
+                      r"asked; it ignores Range \(check HF_ENDPOINT and any proxy\)",
+    "gzip-range": r"the server answered a range with Content-Encoding 'gzip' although 'identity' was asked; "
+                  r"ckptxform reads raw bytes only \(check HF_ENDPOINT and any proxy\)",
+    "redirect-loop": r"more than 10 redirects \(a redirect loop at {cdn}\); check HF_ENDPOINT and any proxy",
+    "trickle": r"the server sent \d+ of \d+ bytes in 1 s, under 64 KiB/s \(check the network, or raise "
+               r"HF_HUB_DOWNLOAD_TIMEOUT\)",
+}
+MISBEHAVIOUR = {"bytes-changed": "swap", "wrong-content-range": "bad_range", "short-body": "short",
+                "200-whole-file": "whole", "gzip-range": "gzip", "redirect-loop": "loop", "trickle": "trickle"}
+
+
+@pytest.mark.parametrize("case", list(BAD_SERVER))
+def test_a_misbehaving_server_fails_the_apply_with_one_line_naming_the_file(
+        fresh: Served, tmp_path: Path, case: str) -> None:
+    """Item 4 of issue 17 (and 9 of issue 12): whatever the CDN does wrong after the plan
+    read the shard's header, apply exits 1 with one line naming the file, leaves no output
+    and never mixes bytes."""
+    served = fresh
+    v_dir = served.folders[REPOS["verifier"]]
+    shard = lm_head_shard(served)
+    changed = tmp_path / shard  # same size, other bytes: only the ETag tells
+    blob = bytearray((v_dir / shard).read_bytes())
+    blob[-1] ^= 0xFF
+    changed.write_bytes(bytes(blob))
+    other = hub_file(shard, changed)
+    served.server.misbehave(f"/{REPOS['verifier']}/resolve/*/{shard}", MISBEHAVIOUR[case], host="cdn", skip=1,
+                            times=1000, other=other, after_bytes=10, delay=0.5)
+    out = tmp_path / "out"
+    try:
+        proc = served.cli(served.env(tmp_path / "home", HF_HUB_DOWNLOAD_TIMEOUT="1"), "apply", RULE,
+                          *sources(served, "main"), "--source", f"verifier={REPOS['verifier']}@main?fetch=ranges",
+                          "--out", out)
+    finally:
+        served.server.clear_faults()
+    line = assert_failed_cleanly(proc, out)
+    sha = hashlib.sha256((v_dir / shard).read_bytes()).hexdigest()
+    reason = BAD_SERVER[case].format(
+        etag=hashlib.md5(sha.encode()).hexdigest(), other_etag=hashlib.md5(other.sha256.encode()).hexdigest(),
+        size=size(v_dir / shard), cdn=re.escape(served.server.cdn_endpoint.removeprefix("http://")))
+    prefix = re.escape(f"error: source 'verifier' (Hub repo {REPOS['verifier']}@main): file {shard!r}: ")
+    match = re.fullmatch(prefix + reason, line)
+    assert match, line
+    if case == "wrong-content-range":
+        assert int(match.group(3)) == int(match.group(1)) + 1  # the answer's range is one byte off
+
+
+@pytest.mark.parametrize("case", ["retry-after-an-hour", "server-echoes-the-token"])
+def test_a_server_that_asks_to_wait_or_echoes_the_token_fails_in_one_clean_line(
+        fresh: Served, tmp_path: Path, case: str) -> None:
+    """Issue 12, items 8 and 11: a 429 asking for an hour fails at once; a server error
+    that quotes the Authorization header is shown with the token redacted."""
+    served = fresh
+    shard = lm_head_shard(served)
+    if case == "retry-after-an-hour":
+        served.server.misbehave(f"/{REPOS['verifier']}/resolve/*/{shard}", "retry_after", host="cdn", skip=1,
+                                times=1000, retry_after=3600)
+    else:
+        served.server.misbehave(f"/{REPOS['verifier']}/resolve/*/{shard}", "echo_auth", host="hub", method="HEAD",
+                                times=1000)
+    out = tmp_path / "out"
+    try:
+        proc = served.cli(served.env(tmp_path / "home", HF_TOKEN=SENTINEL), "apply", RULE, *sources(served, "main"),
+                          "--out", out)
+    finally:
+        served.server.clear_faults()
+    line = assert_failed_cleanly(proc, out)
+    who = f"error: source 'verifier' (Hub repo {REPOS['verifier']}@main)"
+    if case == "retry-after-an-hour":
+        assert line == (f"{who}: the server asks to wait 3600 s (HTTP 429) before reading file {shard!r}, longer "
+                        "than ckptxform waits (60 s); rerun later")
+    else:
+        assert line == (f"{who}: HTTP 400 reading file {shard!r}: Invalid credentials in header 'Authorization: "
+                        "Bearer ***'")
+        assert any(r.authorized for r in served.server.log)  # the token was sent: its absence means something
+    assert SENTINEL not in proc.stdout + proc.stderr
+
+
+def test_fetch_option_forces_a_download_and_the_audit_says_why(fresh: Served, tmp_path: Path) -> None:
+    """``?fetch=download`` on a --source location: the verifier's shard is downloaded into
+    the Hugging Face cache; the audit's fetch events say what each file cost and why."""
+    served = fresh
+    v_dir, shard = served.folders[REPOS["verifier"]], lm_head_shard(served)
+    home, out = tmp_path / "home", tmp_path / "out"
+    proc = served.cli(served.env(home), "apply", RULE, *sources(served, "main"),
+                      "--source", f"verifier={REPOS['verifier']}@main?fetch=download", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_conversion(served, out)
+    commit = served.commits[REPOS["verifier"]]
+    assert (home / "hub-cache" / f"models--ORG--V/snapshots/{commit}/{shard}").read_bytes() == (v_dir / shard).read_bytes()
+    fetch = {e["source"]: e for e in read_audit(out) if e["event"] == "fetch"}
+    assert sorted(fetch) == ["drafter", "verifier"]  # target_vocab gives vocab maps only, read at plan time
+    assert fetch["drafter"] == {"event": "fetch", "source": "drafter", "file": "model.safetensors", "policy": "auto",
+                                "choice": "cached"}  # all of it came with its header's first read
+    verifier = fetch["verifier"]
+    assert (verifier["file"], verifier["policy"], verifier["choice"]) == (shard, "download", "download")
+    assert verifier["estimate"]["download"]["bytes"] == size(v_dir / shard)
+    assert verifier["estimate"]["ranges"]["bytes"] >= needed_rows(served) * E2E_DIMS.verifier_hidden * 2 - SPECULATIVE_HEADER
+    assert verifier["estimate"]["link"] == {"rtt_s": 0.05, "bandwidth_Bps": 100000, "parallel": 32,
+                                            "from": "CKPTXFORM_HUB_LINK"}
+    whole = [(r.host, r.method, r.range) for r in file_requests(served.server.log) if r.path.endswith(shard)
+             and r.range is None]
+    assert whole == [("hub", "HEAD", None), ("hub", "HEAD", None), ("cdn", "GET", None)]

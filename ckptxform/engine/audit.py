@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import quote_keys
+from ..errors import quote_keys, redact
 
 if TYPE_CHECKING:  # the planner imports engine.files, which needs AUDIT_FILE from here
     from .digest import RunDigest
@@ -100,7 +100,8 @@ class AuditLog:
         self._file: IO[str] = path.open("w", encoding="utf-8")
 
     def event(self, obj: dict[str, Any]) -> None:
-        self._file.write(json.dumps(obj, ensure_ascii=False, separators=(", ", ": ")) + "\n")
+        # redacted as text: whatever field a server's words reached, no token is written
+        self._file.write(redact(json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))) + "\n")
 
     def close(self) -> None:
         self._file.close()

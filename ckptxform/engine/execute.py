@@ -276,10 +276,18 @@ def _check_ties(plan: Plan) -> None:
 
 
 def _prefetch(plan: Plan, outputs: list[OutputPlan]) -> None:
-    """Tell each source which files will be copied whole (Hub sources download them)."""
-    files: dict[str, set[str]] = {}
+    """Tell each source which tensors of ``outputs`` will be copied whole and which rows
+    gathered (Hub sources fetch them, by ranges or a download, and remember how: the
+    audit's ``fetch`` events, written at the commit)."""
+    tensors: dict[str, set[str]] = {}
+    rows: dict[str, dict[str, list[int]]] = {}
     for o in outputs:
-        for source, file in o.recipe.prefetch_files(plan):
-            files.setdefault(source, set()).add(file)
-    for name, needed in files.items():
-        plan.checkpoints[name].prefetch(sorted(needed))
+        for source, key, wanted in o.recipe.prefetch_reads(plan):
+            if wanted is None:
+                tensors.setdefault(source, set()).add(key)
+            else:
+                rows.setdefault(source, {}).setdefault(key, []).extend(wanted)
+    for name in sorted(set(tensors) | set(rows)):
+        plan.checkpoints[name].prefetch((), tensors=sorted(tensors.get(name, ())), rows=rows.get(name, {}))
+
+

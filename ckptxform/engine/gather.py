@@ -51,6 +51,15 @@ class GatherRows(Recipe):
     def describe(self) -> str:
         return f"{self.source}:{printable(self.key)} (permuted)"
 
+    def prefetch_reads(self, plan: Sources) -> list[tuple[str, str, tuple[int, ...] | None]]:
+        """The source rows taken, and the fill's rows (those of the missing target ids)."""
+        reads: list[tuple[str, str, tuple[int, ...] | None]] = [
+            (self.source, self.key, tuple(i for i in self.rows if i >= 0))]
+        if self.fill is not None and self.fill.init == "rows_of" and self.fill.rows_of and self.fill.tensor:
+            missing = tuple(t for i, t in zip(self.rows, self.targets) if i < 0)
+            reads.append((self.fill.rows_of, self.fill.tensor, missing))
+        return reads
+
     def stream(self, plan: Sources) -> Iterator[Chunk]:
         ckpt = plan.checkpoints[self.source]
         info = ckpt.tensors[self.key]

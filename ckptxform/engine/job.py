@@ -174,6 +174,9 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         audit.event(run_event(plan, started, digest))
         for tensor_record in plan.records:
             audit.event(tensor_record.to_event())
+        for name in sorted(plan.checkpoints):  # how Hub files were fetched (by this process)
+            for event in plan.checkpoints[name].fetch_events():
+                audit.event(event)
         for item in written:
             audit.event(item.to_event())
         for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:

@@ -82,9 +82,10 @@ class Recipe(ABC):
         """Sort key: what reads whole local tensors goes first, in source-file order."""
         return (1, "", "", 0)
 
-    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
-        """``(source, file)`` pairs read whole (Hub sources download such files)."""
-        return []
+    def prefetch_reads(self, plan: Sources) -> list[tuple[str, str, tuple[int, ...] | None]]:
+        """``(source, key, rows)``: what it will read, some rows of a tensor or (None) all of
+        it; Hub sources fetch these before writing, by ranges or a download of the file."""
+        return [(ref.source, ref.key, None) for ref in self.inputs]
 
     def describe(self) -> str:
         """What ``plan`` prints after the arrow: ``source:key`` and what is done to it."""
@@ -157,9 +158,6 @@ class ByteRecipe(Recipe):
         info = first.info(plan)
         return (0, first.source, info.file, info.offset)
 
-    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
-        return [(ref.source, ref.info(plan).file) for ref in self.inputs]
-
 
 class _SmallRuns(ByteRecipe):
     """Some runs of a byte recipe, streamed through memory (too short for a kernel copy)."""
@@ -211,11 +209,6 @@ class _Chain:
 
     def sources(self) -> tuple[ProgramInput, ...]:
         return self.program_inputs
-
-    def prefetch_files(self, plan: Sources) -> list[tuple[str, str]]:
-        """An op chain reads its inputs whole (a Hub source downloads their files rather
-        than fetch a range per row)."""
-        return [(ref.source, ref.info(plan).file) for ref in self.inputs]
 
     def origin(self) -> dict[str, Any]:
         return {"inputs": [ref.to_dict() for ref in self.inputs], "ops": list(self.steps)}

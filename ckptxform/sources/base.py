@@ -140,8 +140,15 @@ class Checkpoint(ABC):
         """Where this source lies on the local disk (resolved): an output must not overlap it."""
         return ()
 
-    def prefetch(self, files: Iterable[str]) -> None:
-        """Make ``files`` available for reading (Hub sources download them)."""
+    def prefetch(self, files: Iterable[str], *, tensors: Iterable[str] = (),
+                 rows: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Get ready to read ``files`` whole, the tensors named by ``tensors`` whole and
+        ``rows`` (tensor key -> row indices) of others (Hub sources fetch them now, by
+        ranges or a download)."""
+
+    def fetch_events(self) -> list[dict[str, Any]]:
+        """Audit ``fetch`` events: how ``prefetch`` fetched each file and why (Hub sources)."""
+        return []
 
     def close(self) -> None:
         """Release open files and connections."""

@@ -10,14 +10,18 @@ already have hold: ``HF_TOKEN`` or the saved token, ``HF_HOME``, ``HF_HUB_CACHE`
   Safetensors headers are read by HTTP range requests (8 bytes, then the JSON), and only
   for the shards whose tensors are asked for: ``tensors`` is a lazy mapping over the
   index, so a 60-shard verifier costs one header when one tensor is needed.
-- Bytes of a file already in the cache are read from disk. Otherwise ``policy`` decides:
-  ``download`` fetches the file into the cache; ``ranges`` reads byte ranges; ``auto``
-  (default) reads ranges unless a read needs at least half of the file, and downloads the
-  files the executor announces through ``prefetch``. Row gathers merge adjacent rows into
-  one request, bridge small gaps (``hub_ranges.plan_requests``), run requests in
-  parallel, retry transient failures with backoff, and keep what they fetched in a
-  range cache next to the repo's Hugging Face cache folder, so a rerun, or an offline
-  run, transfers nothing.
+- Bytes of a file already in the cache are read from disk. Otherwise ``policy`` decides,
+  per file: ``download`` fetches the file into the cache; ``ranges`` reads byte ranges;
+  ``auto`` (default) picks whichever ``hub_fetch.choose`` estimates faster from the
+  reads the executor announces through ``prefetch`` and the link's round-trip time and
+  bandwidth measured so far (the plan's requests), and says so in the audit. A location
+  ``ORG/NAME@REV?fetch=download`` sets the policy. Ranges go to the CDN URL the Hub
+  redirects to (resolved once per file, ``hub_http``), many in flight, neighbouring rows
+  joined when the gap costs less than a request (``hub_ranges``), each answer checked to
+  be the bytes asked of the object first seen; what they fetch is kept in a range cache
+  next to the repo's Hugging Face cache folder, so a rerun, or an offline run, transfers
+  nothing. A safetensors header is read with one request where it fits in
+  ``SPECULATIVE_HEADER`` bytes, and a repo's config, index and header are asked at once.
 - Every failure is one ckptxform ``HubError`` line naming the source, repo and revision
   and saying what to do. No message, log line or attribute ever holds the token.
 
@@ -25,7 +29,7 @@ Example::
 
     with open_hub("org/verifier", "main", name="verifier") as ckpt:
         info = ckpt.tensors["language_model.lm_head.weight"]   # reads one shard header
-        rows = ckpt.read_rows(info, [5, 6, 7, 900])             # two range requests
+        rows = ckpt.read_rows(info, [5, 6, 7, 900])             # one or two range requests
 """
 
 from __future__ import annotations
@@ -33,36 +37,54 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from ckptxform.errors import CheckpointFormatError, CkptxformError, EntryNotFoundError, UsageError
+from ckptxform.errors import (
+    CheckpointFormatError,
+    CkptxformError,
+    EntryNotFoundError,
+    UsageError,
+    register_secret,
+)
 from ckptxform.log import logger
-from ckptxform.sources.base import Checkpoint, TensorInfo
+from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
-from ckptxform.sources.hub_errors import CutResponse, HubWhere, Retry, call_hub
+from ckptxform.sources.hub_errors import HubWhere, Retry, call_hub
+from ckptxform.sources.hub_fetch import (
+    POLICIES,
+    PROBE_BYTES,
+    FetchChoice,
+    Policy,
+    choose,
+    link_cost,
+    measure_bandwidth,
+    needs_probe,
+    split_fetch_option,
+)
+from ckptxform.sources.hub_http import PARALLEL_REQUESTS, RemoteFile
+from ckptxform.sources.hub_index import LazyTensors, load_json
 from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
     header_length,
     parse_header_json,
     parse_index_json,
-    parse_json_object,
 )
 
-__all__ = ["HubCheckpoint", "Policy", "Retry", "open_hub", "parse_hub_location"]
+__all__ = ["HubCheckpoint", "Policy", "Retry", "open_hub", "parse_hub_location", "split_fetch_option"]
 
 CONFIG = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
-Policy = Literal["auto", "ranges", "download"]
-POLICIES: tuple[str, ...] = ("auto", "ranges", "download")
-#: ``auto`` downloads a whole file when one read needs at least this share of it.
-AUTO_DOWNLOAD_SHARE = 0.5
-#: Range requests in flight at once: hides round trips without hammering the server.
-PARALLEL_REQUESTS = 8
+#: The first read of a safetensors file: most headers fit (a 1,000-tensor shard's is
+#: ~150 KB), and at 25 MB/s it costs 10 ms, less than the second round trip it saves.
+SPECULATIVE_HEADER = 256 * 1024
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _T = TypeVar("_T")
@@ -144,12 +166,15 @@ class HubCheckpoint(Checkpoint):
         self.tensors = {}
         #: each loaded file's ``__metadata__``
         self.metadata: dict[str, dict[str, str]] = {}
+        #: how ``prefetch`` fetched each file it was told of, and why
+        self.fetch_choices: list[FetchChoice] = []
         self._retry = retry
         self._config: dict[str, Any] | None = None
-        self._sizes: dict[str, int] = {}
         self._local: dict[str, Path] = {}
         self._ranges: dict[str, RangeCache] = {}
+        self._remote: dict[str, RemoteFile] = {}
         self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     # -- the Checkpoint contract -----------------------------------------------------
     def config(self, name: str = CONFIG) -> dict[str, Any] | None:
@@ -171,16 +196,14 @@ class HubCheckpoint(Checkpoint):
                 f"{self._who()}: rows {outside[:5]} are outside tensor {info.key!r}, which has {count} rows",
                 key=info.key,
             )
-        width = info.row_nbytes
-        spans = [Span(info.offset + first * width, info.offset + (first + n) * width) for first, n in runs]
-        return self._read_spans(info.file, spans)
+        return self._read_spans(info.file, _row_spans(info, runs))
 
     def tensors_of_file(self, file: str) -> list[TensorInfo]:
         """Every tensor of ``file``, from its own header alone: the base class scans
         ``tensors``, which for a sharded repo would read every other shard's header."""
         if file not in self.files:
             return []
-        if isinstance(self.tensors, _LazyTensors):
+        if isinstance(self.tensors, LazyTensors):
             return sorted(self.tensors.shard(file).values(), key=lambda t: t.offset)
         return super().tensors_of_file(file)
 
@@ -199,13 +222,48 @@ class HubCheckpoint(Checkpoint):
     def file_path(self, name: str) -> Path:
         return self.local_path(name) or self._download(name)
 
-    def prefetch(self, files: Iterable[str]) -> None:
-        """Download ``files`` into the Hugging Face cache (not under policy ``ranges``)."""
-        if self.policy == "ranges":
-            return
+    def prefetch(self, files: Iterable[str], *, tensors: Iterable[str] = (),
+                 rows: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Fetch now what a run will read: ``files`` whole, ``tensors`` whole and ``rows``
+        (tensor key -> row indices) of others, each file by ranges or a download as the
+        policy decides (``fetch_choices`` says which and why). Ranges land in the range
+        cache; ``auto`` and ``ranges`` first measure the link's bandwidth if no read did."""
+        wanted: dict[str, list[Span]] = {}
         for file in files:
-            if self.local_path(file) is None:
+            size = self._size(file)
+            wanted.setdefault(file, []).append(Span(0, size if size is not None else 0))
+        for key in tensors:
+            info = self.tensors[key]
+            wanted.setdefault(info.file, []).append(Span(info.offset, info.offset + info.nbytes))
+        for key, indices in (rows or {}).items():
+            info = self.tensors[key]
+            wanted.setdefault(info.file, []).extend(_row_spans(info, row_runs(indices)))
+        for file, spans in wanted.items():
+            if self.local_path(file) is not None:
+                self.fetch_choices.append(FetchChoice(file, self.policy, "cached"))
+                continue
+            cache = self._range_cache(file)
+            todo = [part for s in spans for part in cache.missing(s)]
+            if not todo:
+                self.fetch_choices.append(FetchChoice(file, self.policy, "cached"))
+                continue
+            size = self._size(file) or 0
+            if self.policy != "download" and needs_probe() and size > PROBE_BYTES:
+                start = min(todo[0].start, size - PROBE_BYTES)  # what follows the first span needed
+                measure_bandwidth(lambda span: self._fetch(file, span), start)
+                todo = [part for s in todo for part in cache.missing(s)]
+            requests = plan_requests(todo, link_cost())
+            choice = choose(file, self.policy, len(requests), sum(r.size for r in requests), size)
+            logger.debug(f"{self._who()}: {file}: {choice.choice} ({choice.to_event(self.name).get('estimate')})")
+            started = time.monotonic()
+            if choice.choice == "download":
                 self._download(file)
+            else:
+                self._fetch_all(file, requests, keep=False)
+            self.fetch_choices.append(replace(choice, seconds=time.monotonic() - started))
+
+    def fetch_events(self) -> list[dict[str, Any]]:
+        return [c.to_event(self.name) for c in self.fetch_choices]
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -214,7 +272,9 @@ class HubCheckpoint(Checkpoint):
 
     # -- opening ---------------------------------------------------------------------
     def _open(self, *, require_pinned: bool) -> None:
-        from huggingface_hub import HfApi
+        from huggingface_hub import HfApi, get_token
+
+        register_secret(get_token())  # whatever text quotes it, messages will not
 
         resolved = self._call(lambda: HfApi().resolve_revision(self.repo_id, revision=self.revision), file=None)
         self.commit = resolved.resolved
@@ -226,19 +286,28 @@ class HubCheckpoint(Checkpoint):
             if require_pinned:
                 raise UsageError(message + " (a pinned commit is required)", source=self.name)
             logger.warning(message)
-        config = self._small_file(CONFIG)
+        # One round of requests instead of three: unless the cache knows whether there is
+        # an index, the single-file header (a miss for a sharded repo) is asked alongside.
+        from huggingface_hub import try_to_load_from_cache
+
+        known = try_to_load_from_cache(self.repo_id, SAFETENSORS_INDEX, revision=self.commit) is not None
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            config_job = pool.submit(self._small_file, CONFIG)
+            index_job = pool.submit(self._small_file, SAFETENSORS_INDEX)
+            single_job = None if known else pool.submit(self._header, SAFETENSORS_SINGLE, missing_ok=True)
+            config, index = config_job.result(), index_job.result()
+            if index is None:
+                single = single_job.result() if single_job else self._header(SAFETENSORS_SINGLE, missing_ok=True)
         if config is not None:
-            self._config = _load_json(config, self._label(CONFIG))
-        index = self._small_file(SAFETENSORS_INDEX)
+            self._config = load_json(config, self._label(CONFIG))
         if index is not None:
             weight_map = parse_index_json(
                 index.read_bytes(), label=self._label(SAFETENSORS_INDEX), shard_suffix=".safetensors"
             )
             self.files = tuple(sorted(set(weight_map.values())))
-            self.tensors = _LazyTensors(weight_map, self.files, self._shard_tensors)
+            self.tensors = LazyTensors(weight_map, self.files, self._shard_tensors)
             return
-        tensors = self._header(SAFETENSORS_SINGLE, missing_ok=True)
-        if tensors is None:
+        if single is None:
             raise EntryNotFoundError(
                 f"{self._who()}: commit {self.commit} has neither {SAFETENSORS_INDEX} nor "
                 f"{SAFETENSORS_SINGLE}{self._listing()}; ckptxform reads safetensors from the Hub "
@@ -247,7 +316,7 @@ class HubCheckpoint(Checkpoint):
                 path=SAFETENSORS_SINGLE,
             )
         self.files = (SAFETENSORS_SINGLE,)
-        self.tensors = {t.key: t for t in tensors}
+        self.tensors = {t.key: t for t in single}
 
     def _shard_tensors(self, file: str, listed: Mapping[str, str]) -> list[TensorInfo]:
         """The tensors of shard ``file``, checked against what the index maps to it."""
@@ -261,16 +330,20 @@ class HubCheckpoint(Checkpoint):
         return tensors
 
     def _header(self, file: str, *, missing_ok: bool = False) -> list[TensorInfo] | None:
+        """The tensors of ``file``'s header: one request when the header fits in
+        ``SPECULATIVE_HEADER`` bytes, two otherwise."""
         label = self._label(file)
         try:
-            first8 = self._read_spans(file, [Span(0, 8)], headers=True)[0]
+            size = self._size(file)
         except EntryNotFoundError:
             if missing_ok:
                 return None
             raise
-        size = self._size(file)
-        n = header_length(first8, file_size=size, label=label)
-        blob = self._read_spans(file, [Span(8, 8 + n)], headers=True)[0]
+        first = self._read_spans(file, [Span(0, min(SPECULATIVE_HEADER, size or 8))], headers=True)[0]
+        n = header_length(first[:8], file_size=size, label=label)
+        blob = first[8 : 8 + n]
+        if len(blob) < n:
+            blob += self._read_spans(file, [Span(8 + len(blob), 8 + n)], headers=True)[0]
         if len(blob) != n:
             raise CheckpointFormatError(f"{label}: file ends inside its {n}-byte header (re-upload it)", path=label)
         tensors, metadata = parse_header_json(blob, file=file, file_size=size, label=label)
@@ -306,61 +379,42 @@ class HubCheckpoint(Checkpoint):
     # -- bytes -----------------------------------------------------------------------
     def _read_spans(self, file: str, spans: list[Span], *, headers: bool = False) -> list[bytes]:
         """The bytes of each span of ``file``: from the cached file, the range cache, a
-        download (policy) or range requests. ``headers`` reads never download."""
+        download (policy ``download``) or range requests. ``headers`` reads never download."""
         path = self.local_path(file)
-        if path is None:
+        if path is None and (headers or self.policy != "download"):
             cache = self._range_cache(file)
             blobs = [cache.get(s) for s in spans]
-            todo = [s for s, blob in zip(spans, blobs) if blob is None]
-            size = self._sizes.get(file) or cache.size()
-            wholesale = self.policy == "download" or (
-                self.policy == "auto" and size is not None and sum(s.size for s in todo) >= AUTO_DOWNLOAD_SHARE * size
-            )
-            if not todo or headers or not wholesale:
-                requests = plan_requests(todo)
-                fetched = self._fetch_all(file, requests)
-                starts = [r.start for r in requests]
-                return [b if b is not None else _slice(requests, fetched, starts, s) for s, b in zip(spans, blobs)]
+            requests = plan_requests([s for s, blob in zip(spans, blobs) if blob is None], link_cost())
+            fetched = self._fetch_all(file, requests)
+            starts = [r.start for r in requests]
+            return [b if b is not None else _slice(requests, fetched, starts, s) for s, b in zip(spans, blobs)]
+        if path is None:
             path = self._download(file)
         return [self._pread(file, path, s) for s in spans]
 
-    def _fetch_all(self, file: str, requests: list[Span]) -> list[bytes]:
+    def _fetch_all(self, file: str, requests: list[Span], *, keep: bool = True) -> list[bytes]:
+        """The bytes of each request (``keep=False``: into the range cache only)."""
+        def fetch(span: Span) -> bytes:
+            data = self._fetch(file, span)
+            return data if keep else b""
+
         if len(requests) <= 1:
-            return [self._fetch(file, r) for r in requests]
+            return [fetch(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(PARALLEL_REQUESTS, len(requests))) as pool:
-            return list(pool.map(lambda r: self._fetch(file, r), requests))
+            return list(pool.map(fetch, requests))
 
     def _fetch(self, file: str, span: Span) -> bytes:
-        data, size = self._call(lambda: self._get_range(file, span), file=file)
-        self._sizes[file] = size
-        cache = self._range_cache(file)
-        cache.set_size(size)
-        cache.put(span.start, data)
+        data = self._call(lambda: self._remote_file(file).read(span), file=file)
+        self._range_cache(file).put(span.start, data)
         return data
 
-    def _get_range(self, file: str, span: Span) -> tuple[bytes, int]:
-        """One ``Range`` GET on the commit's URL; returns the bytes and the file size."""
-        from huggingface_hub import constants, hf_hub_url
-        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    def _remote_file(self, file: str) -> RemoteFile:
+        from huggingface_hub import hf_hub_url
 
-        headers = build_hf_headers()
-        headers["Range"] = f"bytes={span.start}-{span.stop - 1}"
-        headers["Accept-Encoding"] = "identity"  # sizes and offsets are of the raw bytes
-        url = hf_hub_url(self.repo_id, file, revision=self.commit)
-        response = get_session().get(url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
-        if response.status_code == 416:  # the span starts past the end: an empty answer
-            return b"", int(response.headers.get("Content-Range", "*/0").rsplit("/", 1)[-1])
-        hf_raise_for_status(response)
-        body = response.content
-        if response.status_code == 200:  # the server ignored Range and sent the whole file
-            return body[span.start : span.stop], len(body)
-        match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", response.headers.get("Content-Range", ""))
-        if match is None or int(match.group(1)) != span.start:
-            raise CutResponse(f"a bad Content-Range {response.headers.get('Content-Range')!r}")
-        size = int(match.group(3))
-        if len(body) != min(span.stop, size) - span.start:
-            raise CutResponse(f"{len(body)} of {min(span.stop, size) - span.start} bytes")
-        return body, size
+        with self._lock:
+            if file not in self._remote:
+                self._remote[file] = RemoteFile(hf_hub_url(self.repo_id, file, revision=self.commit))
+            return self._remote[file]
 
     def _download(self, file: str) -> Path:
         from huggingface_hub import hf_hub_download
@@ -383,19 +437,28 @@ class HubCheckpoint(Checkpoint):
         return b"".join(chunks)
 
     def _size(self, file: str) -> int | None:
+        """``file``'s size: from the cached file or the range cache, else from the Hub
+        (resolving the file, which a range read needs anyway)."""
         path = self.local_path(file)
         if path is not None:
             return path.stat().st_size
-        return self._sizes.get(file) or self._range_cache(file).size()
+        cache = self._range_cache(file)
+        size = cache.size()
+        if size is None:
+            size = self._call(lambda: self._remote_file(file).size, file=file)
+            if size is not None:
+                cache.set_size(size)
+        return size
 
     def _range_cache(self, file: str) -> RangeCache:
-        if file not in self._ranges:
-            from huggingface_hub import constants
-            from huggingface_hub.file_download import repo_folder_name
+        with self._lock:
+            if file not in self._ranges:
+                from huggingface_hub import constants
+                from huggingface_hub.file_download import repo_folder_name
 
-            repo_cache = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
-            self._ranges[file] = RangeCache.for_file(repo_cache, str(self.commit), file)
-        return self._ranges[file]
+                repo_cache = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+                self._ranges[file] = RangeCache.for_file(repo_cache, str(self.commit), file)
+            return self._ranges[file]
 
     # -- naming ----------------------------------------------------------------------
     def _call(self, fn: Callable[[], _T], *, file: str | None) -> _T:
@@ -415,48 +478,9 @@ class HubCheckpoint(Checkpoint):
         return f"{prefix}hf://{self.repo_id}@{self.commit or self.revision}/{file}"
 
 
-class _LazyTensors(Mapping[str, TensorInfo]):
-    """The tensors of a sharded checkpoint, keyed by the index; a shard's header is read
-    the first time one of its tensors is looked up. Membership and length come from the
-    index alone; iterating reads every header, file by file, in offset order."""
-
-    def __init__(
-        self,
-        weight_map: Mapping[str, str],
-        files: tuple[str, ...],
-        load: Callable[[str, Mapping[str, str]], list[TensorInfo]],
-    ) -> None:
-        self.weight_map = weight_map
-        self._files = files
-        self._load = load  # (file, the part of the weight map naming it) -> its tensors
-        self._by_file: dict[str, dict[str, str]] = {}
-        for key, file in weight_map.items():
-            self._by_file.setdefault(file, {})[key] = file
-        self._shards: dict[str, dict[str, TensorInfo]] = {}
-
-    @property
-    def loaded_files(self) -> tuple[str, ...]:
-        """The shards whose headers have been read so far."""
-        return tuple(self._shards)
-
-    def shard(self, file: str) -> dict[str, TensorInfo]:
-        """The tensors of one shard (its header is read the first time)."""
-        if file not in self._shards:
-            self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
-        return self._shards[file]
-
-    def __getitem__(self, key: str) -> TensorInfo:
-        return self.shard(self.weight_map[key])[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.weight_map
-
-    def __iter__(self) -> Iterator[str]:
-        for file in self._files:
-            yield from self.shard(file)
-
-    def __len__(self) -> int:
-        return len(self.weight_map)
+def _row_spans(info: TensorInfo, runs: Sequence[tuple[int, int]]) -> list[Span]:
+    width = info.row_nbytes
+    return [Span(info.offset + first * width, info.offset + (first + n) * width) for first, n in runs]
 
 
 def _slice(requests: list[Span], blobs: list[bytes], starts: list[int], span: Span) -> bytes:
@@ -465,7 +489,3 @@ def _slice(requests: list[Span], blobs: list[bytes], starts: list[int], span: Sp
     request = requests[i]
     assert i >= 0 and span.stop <= request.stop, f"no request covers {span}"
     return blobs[i][span.start - request.start : span.stop - request.start]
-
-
-def _load_json(path: Path, label: str) -> dict[str, Any]:
-    return parse_json_object(path.read_bytes(), label, what="config", fix="re-upload it")

@@ -4,8 +4,11 @@ huggingface_hub raises its own errors (``GatedRepoError``, ``RevisionNotFoundErr
 with multi-line messages written for its own API. A provisioning script needs one line
 that names the source by its rule name, the repo and the revision, and says what to
 do; ``call_hub`` runs a Hub call, retries 5xx, 429, dropped connections and cut
-responses with backoff, and maps everything else through ``translate``. Messages never
-include request headers, so the token cannot leak into them.
+responses with backoff (or after the server's ``Retry-After``, up to
+``MAX_RETRY_AFTER``: a longer wait fails at once), and maps everything else through
+``translate``. Messages never include request headers, and every ckptxform error
+redacts tokens from its text (``errors.redact``), so a server echoing the
+``Authorization`` header cannot leak the token either.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from ckptxform.errors import (
     RevisionNotFoundError,
 )
 from ckptxform.log import logger
+from ckptxform.sources.hub_http import BadAnswer, CutResponse
 
+#: The longest ``Retry-After`` waited for; a server asking more fails the run at once.
+MAX_RETRY_AFTER = 60.0
 _TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 _T = TypeVar("_T")
 
@@ -63,10 +69,6 @@ class HubWhere:
         return f"file {file!r}" if file else f"the commit of {self.rev()}"
 
 
-class CutResponse(OSError):
-    """A range response that does not hold the bytes asked for (cut short or misplaced)."""
-
-
 def call_hub(fn: Callable[[], _T], *, where: HubWhere, file: str | None, retry: Retry) -> _T:
     """``fn()``, retrying transient failures, with every Hub failure turned into one
     ckptxform error about ``file`` (None: the revision lookup)."""
@@ -90,9 +92,32 @@ def call_hub(fn: Callable[[], _T], *, where: HubWhere, file: str | None, retry: 
                     path=file,
                 ) from exc
             wait = retry.wait(attempt)
+            asked = _retry_after(exc)
+            if asked is not None:
+                if asked > MAX_RETRY_AFTER:
+                    raise HubError(
+                        f"{where.who()}: the server asks to wait {asked:g} s ({reason}) before reading "
+                        f"{where.what(file)}, longer than ckptxform waits ({MAX_RETRY_AFTER:g} s); rerun later",
+                        source=where.name,
+                        path=file,
+                    ) from exc
+                wait = max(wait, asked)
             logger.warning(f"{where.who()}: {reason} reading {where.what(file)}; retrying in {wait:g}s")
             time.sleep(wait)
     raise AssertionError("unreachable: Retry.tries must be at least 1")
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 or 503 answer's ``Retry-After`` asks for (a number; a date is
+    taken as a long wait), or None."""
+    response = getattr(exc, "response", None)
+    value = getattr(response, "headers", {}).get("Retry-After") if response is not None else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return float("inf")
 
 
 def transient_reason(exc: BaseException) -> str | None:
@@ -121,6 +146,11 @@ def translate(exc: Exception, where: HubWhere, file: str | None) -> Exception:
     from huggingface_hub import constants, errors
 
     who, what, fields = where.who(), where.what(file), {"source": where.name, "path": file}
+    if isinstance(exc, BadAnswer):
+        return HubError(f"{who}: {what}: {exc.reason}", **fields)
+    if type(exc).__name__ == "TooManyRedirects":
+        return HubError(f"{who}: {what}: the server redirected in a loop ({_short(exc)}); check HF_ENDPOINT "
+                        "and any proxy", **fields)
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, errors.GatedRepoError):  # before RepositoryNotFoundError, its base
         why = "no token was sent" if status == 401 else "the token has no access to it"

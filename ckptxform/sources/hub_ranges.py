@@ -1,10 +1,12 @@
-"""Byte ranges of remote files: which requests to send, and a disk cache of what came back.
+"""Byte ranges of remote files: which requests to send, what they cost, and a disk cache
+of what came back.
 
-A row gather from a large remote tensor needs many small scattered byte spans. Sending
-one request per span costs a round trip each; merging spans across the gaps between
-them costs the gap's bytes. ``plan_requests`` merges adjacent spans always, and spans
-separated by a gap only while the merged gaps stay under a small share of the bytes
-actually needed, so the bytes moved stay within ``max_waste`` of the bytes needed.
+A row gather from a large remote tensor needs many small scattered byte spans. Each
+request costs a round trip (shared among the requests in flight) and some client CPU;
+each byte costs its transfer time. ``LinkCost`` prices both, so ``plan_requests`` joins
+two neighbouring spans exactly when moving the gap between them is cheaper than one more
+request, and ``LinkCost.ranges_time`` / ``download_time`` say which of ranges or a whole
+download is faster.
 
 ``RangeCache`` keeps every fetched span on disk, next to the repo's Hugging Face cache
 folder, keyed by commit (whose bytes never change): a second run, or an offline run
@@ -23,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-#: A gap larger than this is never bridged: a second request is cheaper than 64 KiB.
-MAX_GAP = 64 * 1024
-#: The merged gaps of one request stay under this share of the bytes it must bring.
-MAX_WASTE = 0.05
-#: One response is held in memory whole, so gaps are not bridged past this size.
-MAX_REQUEST = 64 * 1024 * 1024
+#: One response is held in memory whole, and up to ``parallel`` of them at once, so a
+#: request never grows past this size.
+MAX_REQUEST = 2 * 1024 * 1024
+#: CPU per request (httpx, the answer's checks, the range cache; under the GIL, so
+#: requests in flight do not share it). Measured by benchmarks/hub_bench.py on this
+#: project's 2-core machines: 4,176 requests in ~8 s of a 20 ms run, about 2 ms each.
+REQUEST_CPU = 0.002
 
 
 @dataclass(frozen=True)
@@ -43,37 +46,61 @@ class Span:
         return self.stop - self.start
 
 
-def plan_requests(
-    spans: list[Span], *, max_gap: int = MAX_GAP, max_waste: float = MAX_WASTE, max_request: int = MAX_REQUEST
-) -> list[Span]:
-    """The requests that bring every byte of ``spans``: sorted, adjacent or overlapping
-    spans joined, and a gap bridged only when it is at most ``max_gap`` and the request's
-    bridged gaps stay within ``max_waste`` of the bytes it needs.
+@dataclass(frozen=True)
+class LinkCost:
+    """What a request and a byte cost on a link: ``rtt`` seconds per round trip,
+    ``bandwidth`` bytes per second, ``parallel`` requests in flight.
 
-    >>> plan_requests([Span(0, 10), Span(10, 20), Span(1000, 1010)], max_waste=0.5)
+    >>> LinkCost(rtt=0.05, bandwidth=25e6, parallel=16).gap_worth_bridging
+    78125
+    """
+
+    rtt: float
+    bandwidth: float
+    parallel: int
+    request_cpu: float = REQUEST_CPU
+
+    @property
+    def per_request(self) -> float:
+        """Wall time one more request adds: its share of a round trip, or its CPU."""
+        return max(self.rtt / self.parallel, self.request_cpu)
+
+    @property
+    def gap_worth_bridging(self) -> int:
+        """The largest gap cheaper to transfer than to skip with a second request."""
+        return int(self.per_request * self.bandwidth)
+
+    def ranges_time(self, requests: int, nbytes: int) -> float:
+        """``requests`` of ``nbytes`` in all: a first round trip, then ``requests x RTT /
+        parallel`` (or their CPU) and the bytes' transfer."""
+        return (self.rtt if requests else 0.0) + requests * self.per_request + nbytes / self.bandwidth
+
+    def download_time(self, size: int) -> float:
+        """A whole file: its redirect and its bytes."""
+        return 2 * self.rtt + size / self.bandwidth
+
+
+def plan_requests(spans: list[Span], cost: LinkCost, *, max_request: int = MAX_REQUEST) -> list[Span]:
+    """The requests that bring every byte of ``spans``: sorted, overlapping and adjacent
+    spans joined, a gap bridged when it is at most ``cost.gap_worth_bridging``, and no
+    request larger than ``max_request`` (a larger span is cut into pieces).
+
+    >>> plan_requests([Span(0, 10), Span(10, 20), Span(1000, 1010)], LinkCost(0.05, 1e5, 32))
     [Span(start=0, stop=20), Span(start=1000, stop=1010)]
     """
-    requests: list[Span] = []
-    needed = wasted = 0  # of the request being built
+    bridge = cost.gap_worth_bridging
+    joined: list[Span] = []
     for span in sorted(spans, key=lambda s: s.start):
         if span.size <= 0:
             continue
-        if requests:
-            last = requests[-1]
-            gap = span.start - last.stop
-            new_stop = max(last.stop, span.stop)
-            fits = new_stop - last.start <= max_request
-            if gap <= 0 and fits:
-                needed += max(0, span.stop - last.stop)
-                requests[-1] = Span(last.start, new_stop)
-                continue
-            if 0 < gap <= max_gap and fits and wasted + gap <= max_waste * (needed + span.size):
-                needed += span.size
-                wasted += gap
-                requests[-1] = Span(last.start, new_stop)
-                continue
-        requests.append(span)
-        needed, wasted = span.size, 0
+        if joined and span.start - joined[-1].stop <= bridge:
+            last = joined[-1]
+            joined[-1] = Span(last.start, max(last.stop, span.stop))
+        else:
+            joined.append(span)
+    requests: list[Span] = []
+    for span in joined:
+        requests += [Span(at, min(at + max_request, span.stop)) for at in range(span.start, span.stop, max_request)]
     return requests
 
 
@@ -126,6 +153,24 @@ class RangeCache:
             out += chunk
             cursor = stop
         return bytes(out)
+
+    def missing(self, span: Span) -> list[Span]:
+        """The parts of ``span`` not stored (without reading what is)."""
+        with self._lock:
+            spans = list(self._list())
+        out: list[Span] = []
+        cursor = span.start
+        for piece in spans[max(0, bisect.bisect_right([s.start for s in spans], cursor) - 1):]:
+            if piece.start >= span.stop:
+                break
+            if piece.stop <= cursor:
+                continue
+            if piece.start > cursor:
+                out.append(Span(cursor, piece.start))
+            cursor = max(cursor, piece.stop)
+        if cursor < span.stop:
+            out.append(Span(cursor, span.stop))
+        return out
 
     def put(self, start: int, data: bytes) -> None:
         """Store the parts of ``data`` (the bytes from ``start``) not stored yet."""

@@ -1,19 +1,22 @@
 """Turn a location (a rule file's source, ``--source NAME=LOC``, a CLI argument) into a Checkpoint.
 
 An existing local path wins; ``hf://ORG/NAME[@REV]`` is always the Hub; ``ORG/NAME[@REV]``
-that is not a local path is the Hub. The syntax of a Hub location has one definition,
-``hub.parse_hub_location``; this module only adds the local-path-wins rule.
+that is not a local path is the Hub; a Hub location may end in ``?fetch=POLICY``. The
+syntax of a Hub location has one definition, ``hub.parse_hub_location``; this module only
+adds the local-path-wins rule, and ``open_sources`` opens several sources at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import PathEncodingError, SourceNotFoundError, quote
+from ..errors import PathEncodingError, SourceNotFoundError, UsageError, quote
 from ..fileio import is_utf8
 from ..rules.model import SourceSpec
 from .base import Checkpoint
-from .hub import parse_hub_location
+from .hub import parse_hub_location, split_fetch_option
 
 
 def hub_location(location: str) -> tuple[str, str | None] | None:
@@ -38,12 +41,16 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
         raise PathEncodingError(
             f"{label}path {quote(location)} is not valid UTF-8; the audit log records every source's "
             "location as text: rename it (or link it under a UTF-8 name)", path=location, source=name)
-    hub = hub_location(location)
+    where, option = split_fetch_option(location)
+    hub = hub_location(where)
     if hub is not None:
         from .hub import open_hub
 
-        return open_hub(hub[0], hub[1], name=name, policy=fetch, location=location,
+        return open_hub(hub[0], hub[1], name=name, policy=option or fetch, location=location,
                         require_pinned=require_pinned)
+    if option is not None:
+        raise UsageError(f"{location!r}: ?fetch= is for Hub locations (ORG/NAME@REVISION?fetch={option}); "
+                         f"{where!r} is a local path", source=name)
     if not Path(location).exists():
         label = f"source {name!r}: " if name else ""
         raise SourceNotFoundError(
@@ -76,3 +83,20 @@ def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint
             )
         return open_local(spec.path, name=spec.name)
     return open_location(spec.location, name=spec.name, fetch=spec.fetch, require_pinned=require_pinned)
+
+
+def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -> dict[str, Checkpoint]:
+    """Open every source of ``specs`` at once (a Hub source waits on round trips, not on
+    the CPU), by name; on a failure, close the others and raise the first spec's error."""
+    if len(specs) <= 1:
+        return {spec.name: open_source(spec, require_pinned=require_pinned) for spec in specs}
+    with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="ckptxform-open") as pool:
+        jobs = [pool.submit(open_source, spec, require_pinned=require_pinned) for spec in specs]
+        errors = [job.exception() for job in jobs]
+    failed = next((e for e in errors if e is not None), None)
+    opened = {spec.name: job.result() for spec, job, e in zip(specs, jobs, errors) if e is None}
+    if failed is not None:
+        for ckpt in opened.values():
+            ckpt.close()
+        raise failed
+    return opened
