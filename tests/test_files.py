@@ -226,7 +226,9 @@ def test_from_the_hub_plan_lists_and_apply_fetches_only_the_copied_files(
 
     applied = cli("apply", root / "rule.yaml", "--out", tmp_path / "out")
     assert applied.returncode == 0, applied.stderr
-    assert fetched() == {"model.safetensors", *COPIED.values()}  # not training_state.pt, not original/
+    # not training_state.pt, not original/; the small weights may have come whole with the
+    # plan's first read of model.safetensors (its first 256 KiB, kept in the range cache)
+    assert set(COPIED.values()) <= fetched() <= {"model.safetensors", *COPIED.values()}
     for target, source in COPIED.items():
         assert (tmp_path / "out" / target).read_bytes() == MODEL_FILES[source]
     assert verify(tmp_path / "out").tensors == 2
