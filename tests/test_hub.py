@@ -306,7 +306,7 @@ def test_drafter_vocab_by_ranges_and_weights_through_hf_cache(
     whole = [(r.host, r.method, r.status, r.sent) for r in file_requests(log)
              if r.path.endswith("/model.safetensors") and not r.range]
     # resolved once by the vocab reader (HEAD, 302), then by hf_hub_download: HEAD, CDN GET
-    assert whole == [("hub", "HEAD", 302, 0), ("hub", "HEAD", 302, 0), ("cdn", "GET", 200, model.stat().st_size)]
+    assert sorted(whole) == [("cdn", "GET", 200, model.stat().st_size), ("hub", "HEAD", 302, 0), ("hub", "HEAD", 302, 0)]
 
     hub.server.clear_log()
     run = run_client(code, env)
@@ -356,13 +356,14 @@ def test_branch_and_tag_resolve_to_commits(hub: Hub, trap: ProxyTrap, fresh: Non
     assert resolves and all(f"/resolve/{v1}/" in r.path or f"/resolve/{v2}/" in r.path for r in resolves)
     # Policy "download": headers by range, then the whole file through the cache.
     v2_model = hub.root / "tagged-v2" / "model.safetensors"
-    assert [(r.host, r.method, r.range, r.sent) for r in resolves
-            if r.path.endswith(f"/resolve/{v2}/model.safetensors")] == [
+    # (sorted: a handler logs when it is done, so a HEAD may be logged after the GET it led to)
+    assert sorted(((r.host, r.method, r.range, r.sent) for r in resolves
+                   if r.path.endswith(f"/resolve/{v2}/model.safetensors")), key=str) == sorted([
         ("hub", "HEAD", None, 0),
         ("cdn", "GET", f"bytes=0-{SPECULATIVE_HEADER - 1}", SPECULATIVE_HEADER),
         ("hub", "HEAD", None, 0),
         ("cdn", "GET", None, v2_model.stat().st_size),
-    ]
+    ], key=str)
     assert [r.path for r in hub.server.log if "/api/" in r.path] == [
         "/api/models/org/tagged/revision/v1",
         "/api/models/org/tagged",
@@ -392,7 +393,7 @@ def test_an_expired_cdn_url_is_resolved_again(hub: Hub, trap: ProxyTrap, fresh: 
     assert run.records == [{"rows": _expected_rows(hub.root / "verifier" / SHARDS[2], [600, 601, 900])}]
     # resolved, read (header, rows); then refused (expired), resolved again, read
     statuses = [(r.host, r.method, r.status) for r in log]
-    assert statuses[-3:] == [("cdn", "GET", 403), ("hub", "HEAD", 302), ("cdn", "GET", 206)]
+    assert sorted(statuses[-3:]) == [("cdn", "GET", 206), ("cdn", "GET", 403), ("hub", "HEAD", 302)]
     assert statuses.count(("hub", "HEAD", 302)) == 2
 
 
