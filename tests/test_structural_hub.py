@@ -1,5 +1,5 @@
 """Op chains over a Hub source (the real huggingface_hub client against tests/hubserver.py):
-the same bytes as from the local folder, and the files downloaded once, not a range per row."""
+the same bytes as from the local folder, in a few requests, not a range per row."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def test_stack_concat_and_transpose_from_the_hub(tmp_path: Path) -> None:
     finally:
         trap.close()
     assert_same(read_output(tmp_path / "hub"), read_output(tmp_path / "local"))
-    # the header read(s), then the file downloaded once: not a range request per row or expert
-    assert 1 <= len([r for r in weights if r.range is None]) and len(weights) <= 3, [r.range for r in weights]
+    # a few requests (the header's first 256 KiB holds all of this small file; else the file
+    # downloaded or read in large ranges), not a range request per row or expert
+    assert 1 <= len(weights) <= 3, [r.range for r in weights]
     assert trap.lines == []
