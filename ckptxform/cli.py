@@ -403,7 +403,7 @@ def demo(out: str | None, force: bool) -> None:
     click.echo(report.apply_text(d.result))
     click.echo(f"\nnext: ckptxform inspect {shlex.quote(str(d.result.out))}   |   "
                f"ckptxform verify {shlex.quote(str(d.result.out))}")
-    click.echo(f"the stand-ins and the output stay in {d.root}; remove them with: rm -r {shlex.quote(str(d.root))}")
+    click.echo(f"the stand-ins and the output stay in {d.root}; remove them with: rm -r {shlex.join(map(str, d.made))}")
 
 
 @main.command()

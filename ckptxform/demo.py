@@ -33,6 +33,9 @@ class DemoResult:
     rule_name: str
     plan: Plan
     result: ApplyResult
+    #: what the demo created: ``root`` itself, or inside a directory that held files before
+    #: only its ``sources`` and ``converted`` (the only paths it tells the user to remove)
+    made: tuple[Path, ...]
 
 
 def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResult:
@@ -40,6 +43,7 @@ def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResul
     from .standins import build_headline_standins
 
     root = Path(os.path.abspath(out) if out is not None else tempfile.mkdtemp(prefix="ckptxform-demo-"))
+    made = (root,) if not root.exists() or not any(root.iterdir()) else (root / "sources", root / "converted")
     converted = root / "converted"
     if converted.exists() and not force:
         raise OutputError(f"{str(converted)!r} already exists from an earlier demo; pass --force to "
@@ -49,4 +53,4 @@ def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResul
     with api.plan(rules, sources=standins.sources) as plan:
         pass
     result = api.apply(rules, out=converted, sources=standins.sources, force=force, progress=False)
-    return DemoResult(root, standins.sources, rules, RULE_NAME, plan, result)
+    return DemoResult(root, standins.sources, rules, RULE_NAME, plan, result, made)

@@ -1,11 +1,12 @@
-"""Reading file ranges into buffers the caller owns (no intermediate bytes object), and
-hashing file ranges through one small reused buffer."""
+"""Reading file ranges into buffers the caller owns (no intermediate bytes object),
+hashing file ranges through one small reused buffer, and opening only regular files (a
+FIFO in a file's place would block the open, a device never end)."""
 
 from __future__ import annotations
 
 import os
 import stat
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import FileTooLargeError, NotAFileError, quote
 
@@ -60,9 +61,7 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, what: str, pipe
     try:
         mode = os.fstat(fd).st_mode
         if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
-            kind = _kind(mode)
-            raise NotAFileError(f"{quote(os.fspath(path))}: is {kind}, not a regular file; give the path "
-                                "of the file itself", path=os.fspath(path), kind=kind)
+            raise _not_a_file(path, mode)
         os.set_blocking(fd, True)
         parts: list[bytes] = []
         size = 0
@@ -78,6 +77,38 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, what: str, pipe
         raise FileTooLargeError(f"{quote(os.fspath(path))}: more than {limit:,} bytes, too large for "
                                 f"{what}; check that it is the right file", path=os.fspath(path), limit=limit)
     return b"".join(parts)
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """``path`` open for reading if it is a regular file (links followed); anything else is a
+    ``NotAFileError`` before a byte is read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # the open must not wait for a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_a_file(path, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def refuse_non_regular(path: str | os.PathLike[str]) -> None:
+    """``NotAFileError`` when ``path`` exists and is not a regular file (links followed); a
+    missing path is left to the caller, whose message says what the file was for."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        raise _not_a_file(path, mode)
+
+
+def _not_a_file(path: str | os.PathLike[str], mode: int) -> NotAFileError:
+    kind = _kind(mode)
+    return NotAFileError(f"{quote(os.fspath(path))}: is {kind}, not a regular file; give the path of the file "
+                         "itself", path=os.fspath(path), kind=kind)
 
 
 def _kind(mode: int) -> str:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError, SourceNotFoundError, quote_keys
+from ..errors import NotAFileError, PlanError, SourceNotFoundError, quote_keys
+from ..fileio import open_regular
 from ..rules.file_rules import FileRule, path_problem
 from ..rules.model import RuleSet
 from ..sources.base import Checkpoint
@@ -146,7 +147,9 @@ def copy_files(files: FilesPlan, checkpoints: Mapping[str, Checkpoint], dest: Pa
         target = dest / copy.target
         digest, size = hashlib.sha256(), 0
         try:
-            reader = source.open("rb")
+            reader = open_regular(source)
+        except NotAFileError:
+            raise
         except OSError as err:
             raise SourceNotFoundError(f"source {copy.source!r}: cannot read {copy.path!r} ({err.strerror or err}); "
                                       "it was listed when the plan was made", source=copy.source,
@@ -195,7 +198,7 @@ def _sha256_of(path: Path) -> str | None:
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -216,7 +219,8 @@ def check_copied_files(root: Path, events: list[dict[str, Any]]) -> list[str]:
         try:
             digest = _sha256(path)
         except OSError as err:
-            problems.append(f"{path}: {err.strerror or err}; apply copied it from source "
+            why = f"is {err.kind}, not a regular file" if isinstance(err, NotAFileError) else err.strerror or err
+            problems.append(f"{path}: {why}; apply copied it from source "
                             f"{event.get('source')!r} ({event.get('path')!r})")
             continue
         if digest != recorded:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import USER_DTYPES, cast_problem
-from ..errors import PlanError, RequirementError, SourceNotFoundError, quote_keys
+from ..errors import PlanError, RequirementError, SourceNotFoundError, printable, quote_keys
 from ..rules.key_pattern import KeyPattern
 from ..rules.loader import regex_literal
 from ..rules.model import AddEntry, RuleSet, TensorRule, VocabSpec
@@ -317,7 +317,7 @@ class _Planner:
             reason += f", cast {info.dtype} -> {dtype}"
         self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where,
                                     loaded=carries_source_rows(recipe)),
-                         f"{rule.label} (from {source}:{info.key})")
+                         f"{rule.label} (from {source}:{printable(info.key)})")
         self._record(source, info, action, target, where, reason)
 
     def _plan_group(self, source: str, rule: TensorRule, members: list[TensorInfo]) -> None:
@@ -362,7 +362,7 @@ class _Planner:
         src_map, dst_map = self.vocab[perm.from_vocab], self.vocab[perm.to_vocab]
         if not info.shape or info.shape[0] != src_map.draft_size:
             raise PlanError(
-                f"{rule.label}: {source}:{info.key} has {info.shape[0] if info.shape else 0} rows but "
+                f"{rule.label}: {source}:{printable(info.key)} has {info.shape[0] if info.shape else 0} rows but "
                 f"vocabulary map {perm.from_vocab!r} has {src_map.draft_size} draft tokens; "
                 f"permute_rows.from must be the map this tensor's rows are indexed by", key=info.key)
         alignment = self.alignments.setdefault(f"{perm.from_vocab}->{perm.to_vocab}",

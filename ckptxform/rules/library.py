@@ -2,7 +2,8 @@
 
 Wherever a command or ``extends:`` takes a rule file, a shipped rule can be named
 instead: ``aqmedai_k2_to_k25`` (its file stem) or ``aqmedai-k2-to-k25`` (its ``name:``).
-A local path always wins, so a user's own file of that name is never shadowed.
+A local file always wins, so a user's own file of that name is never shadowed (a
+directory of that name does not: it cannot be a rule file).
 
 >>> locate_rules("aqmedai-k2-to-k25").endswith("aqmedai_k2_to_k25.yaml")
 True
@@ -66,16 +67,18 @@ def _looks_like_a_path(text: str) -> bool:
 
 
 def locate_rules(rules: str | os.PathLike[str]) -> str:
-    """The rule file to read for ``rules``: a local path when one exists, else the shipped
+    """The rule file to read for ``rules``: a local file when one exists, else the shipped
     rule of that stem or name. A bare name that is neither is a ``RuleError`` listing the
     library; a missing path is left to the loader, which says "file not found"."""
     text = os.fspath(rules)
-    if os.path.exists(text):
+    # a directory is never a rule file: an output named after the rule (`--out
+    # aqmedai_k2_to_k25`) must not hide the rule from the next run
+    if os.path.exists(text) and not os.path.isdir(text):
         return text
     shipped = shipped_rule_path(text)
     if shipped is not None:
         return str(shipped)
-    if _looks_like_a_path(text):
+    if _looks_like_a_path(text) or os.path.exists(text):
         return text
     stems = [p.stem for p in _library_files()]
     close = difflib.get_close_matches(text.replace("-", "_"), stems, n=1)

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -196,8 +197,8 @@ def check_index_matches_shards(
 
 def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[str, Any]:
     """``blob`` as one JSON object, read strictly: UTF-8, no key twice in any object (json
-    keeps the last silently), no NaN/Infinity (not JSON; written back they make invalid
-    JSON). Every problem is a CheckpointFormatError naming ``label`` and ending in ``fix``."""
+    keeps the last silently), no NaN/Infinity nor a number beyond a float (not JSON, or read
+    as infinity; written back they make invalid JSON). Every problem is a CheckpointFormatError naming ``label`` and ending in ``fix``."""
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -221,8 +222,20 @@ def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[s
             obj[key] = value
         return obj
 
+    def finite_float(number: str) -> float:
+        # 1e400 is JSON, but a float cannot hold it: json reads it as inf, written back as Infinity
+        value = float(number)
+        if not math.isfinite(value):
+            raise CheckpointFormatError(
+                f"{label}: {what} holds the number {_cut(number)}, beyond a 64-bit float (written back it "
+                f"would be Infinity, which is not JSON); {fix}",
+                path=label,
+            )
+        return value
+
     try:
-        value = json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant)
+        value = json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant,
+                           parse_float=finite_float)
     except CheckpointFormatError:
         raise
     except json.JSONDecodeError as exc:

@@ -23,7 +23,9 @@ from ckptxform.errors import (
     SourceNotFoundError,
     UsageError,
     VocabMapError,
+    quote,
 )
+from ckptxform.fileio import refuse_non_regular
 from ckptxform.sources.safetensors_header import read_header
 from ckptxform.vocab import Encoding, VocabMap, vocab_map_from_bytes
 
@@ -52,9 +54,10 @@ def load_vocab_file(
     path = Path(path)
     if path.is_dir():
         path = path / _NPY_D2T
+    refuse_non_regular(path)  # a FIFO exists but would block its reader
     if not path.is_file():
         raise SourceNotFoundError(
-            f"vocab file '{path}' does not exist; fix: check the path", path=str(path)
+            f"vocab file {quote(str(path))} does not exist; fix: check the path", path=str(path)
         )
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
@@ -66,7 +69,7 @@ def load_vocab_file(
     if suffix == ".npy":
         return _load_npy(path, name, encoding, vocab_size)
     raise UsageError(
-        f"vocab file '{path}': unsupported file type {suffix or '(none)'!r}; fix: give a "
+        f"vocab file {quote(str(path))}: unsupported file type {suffix or '(none)'!r}; fix: give a "
         ".safetensors, .pt, .pth, .bin, .npy or .json file holding d2t",
         path=str(path),
     )
@@ -84,7 +87,7 @@ def _load_safetensors(
             f.seek(offset)
             return f.read(length)
 
-        infos, _ = read_header(read_at, file=path.name, file_size=size, label=f"vocab file '{path}'")
+        infos, _ = read_header(read_at, file=path.name, file_size=size, label=f"vocab file {quote(str(path))}")
         raw: dict[str, tuple[bytes, str]] = {}
         for info in infos:
             if info.key in ("d2t", "t2d"):
@@ -93,7 +96,7 @@ def _load_safetensors(
     if "d2t" not in raw:
         tensors = ", ".join(repr(i.key) for i in sorted(infos, key=lambda i: i.key))
         raise VocabMapError(
-            f"vocab file '{path}' has no tensor 'd2t' (has: {tensors or '(none)'}); fix: "
+            f"vocab file {quote(str(path))} has no tensor 'd2t' (has: {tensors or '(none)'}); fix: "
             "give a file holding the drafter's d2t",
             path=str(path),
             key="d2t",
@@ -107,7 +110,7 @@ def _load_safetensors(
         t2d_dtype,
         encoding=encoding,
         vocab_size=vocab_size,
-        origin=f"file '{path}'",
+        origin=f"file {quote(str(path))}",
     )
 
 
@@ -115,7 +118,7 @@ def _check_one_dim(path: Path, key: str, shape: Sequence[int]) -> None:
     if len(shape) != 1:
         expected = "[draft_vocab]" if key == "d2t" else "[vocab]"
         raise VocabMapError(
-            f"vocab file '{path}': tensor {key!r} has shape {list(shape)}; fix: {key} must "
+            f"vocab file {quote(str(path))}: tensor {key!r} has shape {list(shape)}; fix: {key} must "
             f"be one-dimensional, {expected}",
             path=str(path),
             key=key,
@@ -132,7 +135,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointFormatError(
-            f"vocab file '{path}' cannot be loaded with weights_only=True ({first_line}); "
+            f"vocab file {quote(str(path))} cannot be loaded with weights_only=True ({first_line}); "
             "fix: save the map as plain tensors (torch.save({'d2t': d2t, 't2d': t2d}, ...))",
             path=str(path),
         ) from None
@@ -144,7 +147,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
             else type(obj).__name__
         )
         raise VocabMapError(
-            f"vocab file '{path}' holds no tensor 'd2t' (found: {found or '(none)'}); fix: "
+            f"vocab file {quote(str(path))} holds no tensor 'd2t' (found: {found or '(none)'}); fix: "
             "give a dict with a 'd2t' tensor (and optionally 't2d') or a bare d2t tensor",
             path=str(path),
             key="d2t",
@@ -154,7 +157,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
     _check_one_dim(path, "d2t", tuple(d2t.shape))
     if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
         raise VocabMapError(
-            f"vocab file '{path}': d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
+            f"vocab file {quote(str(path))}: d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
             "tensor (torch.int64)",
             path=str(path),
             key="d2t",
@@ -169,7 +172,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
         encoding=encoding,
         vocab_size=vocab_size,
         t2d=flags,
-        origin=f"file '{path}'",
+        origin=f"file {quote(str(path))}",
     )
 
 
@@ -178,7 +181,7 @@ def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointFormatError(
-            f"vocab file '{path}' is not valid JSON ({err}); fix: give a list of ints or "
+            f"vocab file {quote(str(path))} is not valid JSON ({err}); fix: give a list of ints or "
             '{"d2t": [...], "t2d": [...]}',
             path=str(path),
         ) from None
@@ -187,7 +190,7 @@ def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None
         d2t, t2d = data.get("d2t"), data.get("t2d")
     if not isinstance(d2t, list) or (t2d is not None and not isinstance(t2d, list)):
         raise VocabMapError(
-            f"vocab file '{path}' holds no d2t list; fix: give a list of ints or "
+            f"vocab file {quote(str(path))} holds no d2t list; fix: give a list of ints or "
             '{"d2t": [...], "t2d": [...]}',
             path=str(path),
             key="d2t",
@@ -195,29 +198,31 @@ def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None
     for i, v in enumerate(d2t):
         if isinstance(v, bool) or not isinstance(v, int):
             raise VocabMapError(
-                f"vocab file '{path}': d2t[{i}] is {v!r}, not an integer; fix: d2t must be "
+                f"vocab file {quote(str(path))}: d2t[{i}] is {v!r}, not an integer; fix: d2t must be "
                 "a list of integers",
                 path=str(path),
                 key="d2t",
             )
     return VocabMap.from_d2t(
-        name, d2t, encoding=encoding, vocab_size=vocab_size, t2d=t2d, origin=f"file '{path}'"
+        name, d2t, encoding=encoding, vocab_size=vocab_size, t2d=t2d, origin=f"file {quote(str(path))}"
     )
 
 
 def _load_npy(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
     d2t = _npy_array(path, "d2t")
     t2d_path = path.with_name(_NPY_T2D) if path.name == _NPY_D2T else None
+    if t2d_path is not None:
+        refuse_non_regular(t2d_path)  # not silently read as "no t2d"
     t2d = _npy_array(t2d_path, "t2d") if t2d_path is not None and t2d_path.is_file() else None
     if d2t.dtype.kind not in "iu":
-        raise VocabMapError(f"vocab file '{path}': d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
+        raise VocabMapError(f"vocab file {quote(str(path))}: d2t has dtype {d2t.dtype}; fix: d2t must be an integer "
                             "array (int64)", path=str(path), key="d2t")
     if t2d is not None and t2d.dtype.kind not in "bu":
-        raise VocabMapError(f"vocab file '{t2d_path}': t2d has dtype {t2d.dtype}; fix: t2d must be a boolean "
+        raise VocabMapError(f"vocab file {quote(str(t2d_path))}: t2d has dtype {t2d.dtype}; fix: t2d must be a boolean "
                             "array, one flag per target id", path=str(t2d_path), key="t2d")
     return VocabMap.from_d2t(name, d2t.tolist(), encoding=encoding, vocab_size=vocab_size,
                              t2d=None if t2d is None else [bool(v) for v in t2d.tolist()],
-                             origin=f"file '{path}'")
+                             origin=f"file {quote(str(path))}")
 
 
 def _npy_array(path: Path, key: str) -> Any:
@@ -228,7 +233,7 @@ def _npy_array(path: Path, key: str) -> Any:
         array = numpy.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise CheckpointFormatError(
-            f"vocab file '{path}' is not a plain numpy array ({err}); fix: save {key} with "
+            f"vocab file {quote(str(path))} is not a plain numpy array ({err}); fix: save {key} with "
             f"numpy.save('{path.name}', {key}.numpy())", path=str(path)) from None
     _check_one_dim(path, key, array.shape)
     return array
