@@ -123,3 +123,24 @@ def test_the_demo_never_advises_removing_what_it_did_not_make(run_cli: Any, tmp_
     assert demo.returncode == 0, demo.stderr
     made = " ".join(shlex.quote(str(mine / d)) for d in ("sources", "converted"))
     assert demo.stdout.splitlines()[-1] == f"the stand-ins and the output stay in {mine}; remove them with: rm -r {made}"
+
+
+# ---------------------------------------------------------------- 16: files: what plan can know, plan says
+
+
+def test_fifo_matched_by_a_files_glob_is_refused_at_plan_time(case: Case) -> None:
+    """Not "matches no file" (the user sees it with ls), and not a hang in apply."""
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    os.mkfifo(case.root / "m" / "tokenizer.json")
+    line = "error: 'm/tokenizer.json': is a FIFO (named pipe), not a regular file; give the path of the file itself"
+    case.fails("plan", files_rule(case), code=1, line=line)
+    case.fails("apply", files_rule(case), "--out", case.out, code=1, line=line)
+
+
+def test_link_out_of_the_source_matched_by_a_files_glob_is_refused_at_plan_time(case: Case) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    (case.root / "secret").write_text("not for the output")
+    (case.root / "m" / "tokenizer.json").symlink_to(case.root / "secret")
+    case.fails("plan", files_rule(case), code=1, line=(
+        f"error: m/tokenizer.json: links to {case.root / 'secret'}, outside the checkpoint directory "
+        f"{case.root / 'm'}; replace the link with the file itself"))

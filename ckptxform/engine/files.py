@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import NotAFileError, PlanError, SourceNotFoundError, quote_keys
-from ..fileio import open_regular
+from ..fileio import open_regular, refuse_non_regular
 from ..rules.file_rules import FileRule, path_problem
 from ..rules.model import RuleSet
 from ..sources.base import Checkpoint
+from ..sources.local import LocalCheckpoint
 from ..sources.pins import check_unchanged, pin_fd
 from .audit import AUDIT_FILE
 from .outdir import io_error
@@ -118,6 +119,12 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
                 f"{rule.label}: glob {rule.glob!r} matches no file of source {rule.source!r} ({ckpt.location}), "
                 f"which holds {quote_keys(listed[rule.source])} besides its weights; fix the glob, or add "
                 "optional: true if the file may be absent", source=rule.source)
+    for copy in copies.values():
+        ckpt = checkpoints[copy.source]
+        if isinstance(ckpt, LocalCheckpoint):
+            # known before a byte is read, so the plan says it: a link out of the source
+            # (file_path refuses it), a FIFO or device in a file's place
+            refuse_non_regular(ckpt.file_path(copy.path))
     return FilesPlan(tuple(copies[t] for t in sorted(copies)), tuple(skips), tuple(unmatched))
 
 

@@ -19,14 +19,15 @@ MAX_FILES = 100_000
 
 def local_files(root: Path, *, label: str) -> tuple[str, ...]:
     """Every file under ``root`` (links to files included; hidden folders such as
-    ``.git`` and ``.cache`` left out), sorted."""
+    ``.git`` and ``.cache`` left out), sorted. A FIFO, socket or device is listed too, so
+    that a glob matching it is refused by name rather than said to match nothing."""
     out: list[str] = []
     for folder, dirs, files in os.walk(root, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         rel = os.path.relpath(folder, root)
         for name in files:
             path = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-            if os.path.isfile(os.path.join(folder, name)):
+            if os.path.exists(os.path.join(folder, name)):  # not a link to nothing
                 out.append(path)
         if len(out) > MAX_FILES:
             raise SourceNotFoundError(
