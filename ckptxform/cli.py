@@ -198,7 +198,7 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
         else:
             valid.append({"rules": path, "file": ruleset.path, "name": ruleset.name})
             if not as_json:
-                click.echo(f"{path}: ok")
+                click.echo(terminal_line(f"{path}: ok"))
     if problems:
         raise RuleError(problems)
     if as_json:
@@ -419,4 +419,4 @@ def verify(out: str, as_json: bool) -> None:
         click.echo(json.dumps({"status": "ok", "out": str(result.out), "tensors": result.tensors,
                                "bytes_checked": result.bytes_checked}))
     else:
-        click.echo(f"{result.out}: {result.tensors} tensors verified ({result.bytes_checked:,} bytes)")
+        click.echo(terminal_line(f"{result.out}: {result.tensors} tensors verified ({result.bytes_checked:,} bytes)"))

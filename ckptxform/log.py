@@ -37,7 +37,12 @@ def configure_stderr(level: str) -> None:
 def _apply(level: str) -> None:
     from loguru import logger as real
 
+    from .errors import terminal_line
+
     real.remove()
+    # messages embed paths and names from inputs: their control characters are shown as
+    # escapes, as on the CLI's error lines
+    real.configure(patcher=lambda record: record.update(message=terminal_line(record["message"])))
     real.add(sys.stderr, level=level, format=_FORMAT, colorize=None)
     real.enable(_PACKAGE)
 

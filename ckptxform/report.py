@@ -116,14 +116,15 @@ def plan_json(plan: Plan) -> dict[str, Any]:
 
 def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
     if result.up_to_date:
-        return (f"{result.out} is up to date (same plan from the same inputs, verified); nothing written\n"
-                f"audit: {result.audit_path}")
+        return _screen([f"{result.out} is up to date (same plan from the same inputs, verified); nothing written",
+                        f"audit: {result.audit_path}"])
     if result.shard_of is not None:
         rank, world = result.shard_of
-        return (f"rank {rank}/{world}: wrote {result.shards_of_rank - result.shards_kept} of its "
-                f"{result.shards_of_rank} shard(s) ({_human_bytes(result.bytes_written)}), kept {result.shards_kept}, "
-                f"in {result.job_path}\nonce every rank is done: ckptxform finalize with the same rules, sources and "
-                f"--out {result.out}")
+        return _screen([f"rank {rank}/{world}: wrote {result.shards_of_rank - result.shards_kept} of its "
+                        f"{result.shards_of_rank} shard(s) ({_human_bytes(result.bytes_written)}), kept "
+                        f"{result.shards_kept}, in {result.job_path}",
+                        "once every rank is done: ckptxform finalize with the same rules, sources and "
+                        f"--out {result.out}"])
     files = sorted({w.file for w in result.written})
     lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]
     lines.extend(not_carried_text(result.plan, verbose=verbose))

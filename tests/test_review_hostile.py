@@ -144,3 +144,25 @@ def test_link_out_of_the_source_matched_by_a_files_glob_is_refused_at_plan_time(
     case.fails("plan", files_rule(case), code=1, line=(
         f"error: m/tokenizer.json: links to {case.root / 'secret'}, outside the checkpoint directory "
         f"{case.root / 'm'}; replace the link with the file itself"))
+
+
+# ---------------------------------------------------------------- 10: hostile paths on screen
+
+
+def test_a_hostile_output_path_is_escaped_in_every_line_that_shows_it(case: Case) -> None:
+    """A directory name from an archive can hold escapes and newlines: the up-to-date lines,
+    the log line and verify's line show them as escapes, each on one line."""
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w'\n")
+    out = "o\x1b[31m\nX"
+    shown = "o\\x1b[31m\\nX"
+    assert case.run_cli("apply", rule, "--out", out, cwd=case.root).returncode == 0
+    again = case.run_cli("apply", rule, "--out", out, cwd=case.root)
+    assert (again.returncode, again.stdout.splitlines()) == (0, [
+        f"{case.root}/{shown} is up to date (same plan from the same inputs, verified); nothing written",
+        f"audit: {case.root}/{shown}/ckptxform_audit.jsonl"])
+    assert again.stderr.splitlines() == [
+        f"INFO    {shown} is up to date: made from the same plan and inputs, and it verifies; nothing to do "
+        "(pass --force to rewrite it)"]
+    verify = case.run_cli("verify", out, cwd=case.root)
+    assert (verify.returncode, verify.stdout.splitlines()) == (0, [f"{shown}: 1 tensors verified (8 bytes)"])
