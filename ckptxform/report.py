@@ -76,9 +76,10 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
     key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
+    dtype_w = max([5, *(len(o.dtype) for o in plan.outputs)])  # F8_E4M3 is wider than BF16
     for out in plan.outputs:
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
-        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<5} {str(list(out.shape)):<14} <- "
+        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<{dtype_w}} {str(list(out.shape)):<14} <- "
                      f"{out.recipe.describe()}{cast}")
     lines.extend(_files_text(plan))
     for warning in plan.warnings:
@@ -168,8 +169,10 @@ def inspect_text(ckpt: Checkpoint) -> str:
     data = inspect_json(ckpt)
     lines = [printable(data["location"]) + (f" @ {data['commit']}" if data["commit"] else "")]
     key_w = max((len(printable(t["key"])) for t in data["tensors"]), default=3)
+    dtype_w = max([5, *(len(t["dtype"]) for t in data["tensors"])])
     for t in data["tensors"]:
-        lines.append(f"  {printable(t['key']):<{key_w}}  {t['dtype']:<5} {str(t['shape']):<16} {printable(t['file'])}")
+        lines.append(f"  {printable(t['key']):<{key_w}}  {t['dtype']:<{dtype_w}} {str(t['shape']):<16} "
+                     f"{printable(t['file'])}")
     lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
                  f"({_human_bytes(data['total_bytes'])})")
     return _screen(lines)

@@ -166,3 +166,13 @@ def test_a_hostile_output_path_is_escaped_in_every_line_that_shows_it(case: Case
         "(pass --force to rewrite it)"]
     verify = case.run_cli("verify", out, cwd=case.root)
     assert (verify.returncode, verify.stdout.splitlines()) == (0, [f"{shown}: 1 tensors verified (8 bytes)"])
+
+
+def test_tables_stay_aligned_with_a_float8_tensor(case: Case) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2), "q": torch.ones(2).to(torch.float8_e4m3fn)})
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: '.*'\n")
+    plan = case.run_cli("plan", rule, cwd=case.root)
+    assert plan.stdout.splitlines()[-2:] == ["  q  F8_E4M3 [2]            <- m:q", "  w  F32     [2]            <- m:w"]
+    inspect = case.run_cli("inspect", "m", cwd=case.root)
+    assert sorted(inspect.stdout.splitlines()[1:3]) == ["  q  F8_E4M3 [2]              model.safetensors",
+                                                        "  w  F32     [2]              model.safetensors"]
