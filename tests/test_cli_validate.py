@@ -62,7 +62,7 @@ def test_unknown_top_level_key_at_line_n(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         (f"{bad}:{n}:1: frobnicate: unknown key 'frobnicate' (allowed: $schema, add, config, "
-        "convert, description, extends, files, name, output, require, sources, tensors, version, vocab)")
+        "convert, description, extends, files, inverse, name, output, require, sources, tensors, version, vocab)")
     ]
     assert result.stdout == ""
 
@@ -100,6 +100,27 @@ def test_each_problem_is_reported_at_its_line(tmp_path: Path, find: str, replace
     assert "Traceback" not in result.stderr
     [message] = result.stderr.splitlines()
     assert message == f"{bad}:{n}{expected}"
+
+
+def test_bad_inverse_config_is_reported_at_its_line(tmp_path: Path) -> None:
+    """``inverse.config`` is checked like ``config``, by validate and by invert alike."""
+    lines = headline_lines()
+    n = len(lines)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("".join(lines) + "inverse:\n  config:\n    from: drafer\n    sett: {x: 1}\n"
+                   "    set: {y: '${vocab.k3.draft_size}'}\n")
+    expected = [
+        f"{bad}:{n + 3}:11: inverse.config.from: unknown source 'drafer' (defined: drafter, target_vocab, "
+        "verifier); did you mean 'drafter'?",
+        f"{bad}:{n + 4}:5: inverse.config.sett: unknown key 'sett'; did you mean 'set'?",
+        f"{bad}:{n + 5}:14: inverse.config.set.y: unknown vocabulary 'k3' (defined: k2, k25)",
+    ]
+    for command in ("validate", "invert"):
+        result = ckptxform(command, bad)
+        assert result.returncode == 2
+        assert "Traceback" not in result.stderr
+        assert result.stderr.splitlines() == expected
+        assert result.stdout == ""
 
 
 def test_all_problems_of_a_file_in_one_run_in_line_order(tmp_path: Path) -> None:

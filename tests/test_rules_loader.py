@@ -36,7 +36,8 @@ vocab:
   k25: {source: target_vocab, encoding: offset}
 """
 
-TOP_KEYS = "$schema, add, config, convert, description, extends, files, name, output, require, sources, tensors, version, vocab"
+TOP_KEYS = ("$schema, add, config, convert, description, extends, files, inverse, name, output, require, sources, "
+            "tensors, version, vocab")
 
 
 @pytest.fixture(autouse=True)
@@ -520,6 +521,22 @@ def test_extends_child_overrides_base() -> None:
     assert rules.output.dtype == "bfloat16"
     assert list(rules.add) == ["d2t"] and rules.add["d2t"].where.file == "base/base.yaml"
     assert len(rules.sha256) == 64
+
+
+def test_extends_inverse_is_replaced_as_a_whole() -> None:
+    """Like ``config``: the child's ``inverse`` section replaces the base's, even an empty one."""
+    _write_family()
+    Path("base/base.yaml").write_text(BASE_FILE + "inverse:\n  config: {from: drafter, keep: [a], set: {b: 1}}\n")
+    inherited = load_rules("child/child.yaml").inverse_config
+    assert inherited is not None and inherited.where.file == "base/base.yaml"
+    settings = [(k, v) for k, v, _ in inherited.set]
+    assert (inherited.from_source, inherited.keep, settings) == ("drafter", ("a",), [("b", 1)])
+    Path("child/child.yaml").write_text(CHILD_FILE + "inverse:\n  config: {from: verifier}\n")
+    replaced = load_rules("child/child.yaml").inverse_config
+    assert replaced is not None and replaced.where.file == "child/child.yaml"
+    assert (replaced.from_source, replaced.keep, replaced.set) == ("verifier", None, ())
+    Path("child/child.yaml").write_text(CHILD_FILE + "inverse: {}\n")
+    assert load_rules("child/child.yaml").inverse_config is None
 
 
 def test_extends_hash_covers_the_base() -> None:

@@ -3,11 +3,13 @@ inverse is refused by rule and op."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import assert_clean_failure, read_output
 from test_structural_engine import MIXTRAL_RULE, assert_same, mixtral_legacy, rand, write_model
 
@@ -54,6 +56,50 @@ def test_round_trip_through_the_inverse_is_byte_identical(tmp_path: Path) -> Non
     inverse.write_text(inverse_yaml(load_rules(forward), str(inverse)))
     api.apply(inverse, out=tmp_path / "back", sources={"model": str(tmp_path / "fused")}, progress=False)
     assert_same(read_output(tmp_path / "back"), src)
+
+
+SIZED = MIXTRAL_RULE.replace("- concat: {over: P, dim: 1}", "- concat: {over: P, dim: 1, sizes: equal}")
+FORWARD_CONFIG = """\
+config:
+  from: model
+  set: {model_type: fused, head_dim: '${config.head_dim * 2}'}
+inverse:
+  config:
+    from: model
+    delete: [model_type]
+    set: {head_dim: '${config.head_dim // 2}'}
+"""
+
+
+def test_inverse_config_is_the_inverse_config_section(tmp_path: Path) -> None:
+    """The inverse writes ``inverse.config`` as its config, so the round trip gives back the
+    source's config.json too; its own ``inverse`` is the forward's config, so inverting the
+    inverse gives the forward's config sections back."""
+    src = mixtral_legacy(3, layers=1)
+    write_model(tmp_path / "src", src, CONFIG)
+    forward = write_rules(tmp_path / "forward.yaml", SIZED + FORWARD_CONFIG)
+    api.apply(forward, out=tmp_path / "fused", sources={"model": str(tmp_path / "src")}, progress=False)
+    assert json.loads((tmp_path / "fused" / "config.json").read_text()) == {
+        **CONFIG, "model_type": "fused", "head_dim": 8}
+    inverse = _saved(tmp_path, forward)
+    text = inverse.read_text()
+    assert "by hand" not in text
+    api.apply(inverse, out=tmp_path / "back", sources={"model": str(tmp_path / "fused")}, progress=False)
+    assert_same(read_output(tmp_path / "back"), src)
+    assert json.loads((tmp_path / "back" / "config.json").read_text()) == CONFIG
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(inverse_yaml(load_rules(inverse), str(twice)))
+    sections = [yaml.safe_load(path.read_text()) for path in (forward, twice)]
+    assert sections[1]["config"] == sections[0]["config"] and sections[1]["inverse"] == sections[0]["inverse"]
+
+
+def test_without_inverse_config_a_built_config_is_left_to_write(tmp_path: Path) -> None:
+    body = SIZED + FORWARD_CONFIG.split("inverse:")[0]
+    text = inverse_yaml(load_rules(write_rules(tmp_path / "forward.yaml", body)))
+    assert "# config: the forward rules build the output config; write the inverse's config section by hand " \
+        "(or give the forward rules an inverse.config)" in text
+    assert "\nconfig:" not in text
 
 
 def test_inverse_text_turns_each_rule_around(tmp_path: Path) -> None:

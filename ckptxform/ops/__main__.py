@@ -16,7 +16,8 @@ from . import ops_schema
 def write_schema_ops() -> None:
     path = data_dir("schemas") / "rules.schema.json"
     text = path.read_text("utf-8")
-    start, end = text.index('    "op": {\n'), text.index('    "addEntry": {')
+    start = text.index('    "op": {\n')
+    end = text.index('\n    "', start) + 1  # the next $defs entry, whichever it is
     schema = ops_schema()
     verbs = schema.pop("properties")
     lines = [f"        {json.dumps(verb)}: {json.dumps(fragment, ensure_ascii=False)}" for verb, fragment in verbs.items()]

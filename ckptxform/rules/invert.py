@@ -6,6 +6,8 @@ back; an untie (``to`` list) becomes a tie and a tie an untie. What cannot be un
 refused, naming the rule and the op: a lossy cast, a vocabulary permutation, an op with no
 inverse (dequant), a regex rename that cannot be read backwards. Tensors the forward
 rules skip or add are named in comments / skipped, so the plan of the inverse stays strict.
+The inverse's config is the forward's ``inverse.config`` (or the source's, when the
+forward passes it through); its own ``inverse.config`` is the forward's config.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..errors import RuleError
 from ..ops.base import NoInverse
 from .expr import Ref, is_expression, parse_expression
 from .loader import load_rules, regex_literal
-from .model import RuleSet, TensorRule
+from .model import ConfigSpec, RuleSet, TensorRule
 from .templates import Template, Var
 
 # one group of a rename-able regex: (.+), (.*), ([^.]+), (\d+) and the like, no nesting
@@ -72,11 +74,16 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
         if read != "config.json":
             data["output"] = {"config_file": read}
     data["tensors"] = front + entries
-    if rules.config is not None and _passes_config_through(rules):
+    if rules.inverse_config is not None:
+        data["config"] = config_data(rules.inverse_config)
+    elif rules.config is not None and _passes_config_through(rules):
         data["config"] = {"from": rules.convert}
     elif rules.config is not None:
         notes.append("config: the forward rules build the output config; write the inverse's config section "
-                     "by hand")
+                     "by hand (or give the forward rules an inverse.config)")
+    if rules.config is not None and not _passes_config_through(rules) and not _reads_vocab(rules.config):
+        # the inverse of the inverse is the forward: its config is the forward's
+        data["inverse"] = {"config": config_data(rules.config)}
     if rules.file_rules:
         notes.append("files: the forward rules copy non-weight files; list the inverse's by hand")
     if rules.require.loaded:
@@ -130,6 +137,28 @@ def _set_config_file(source: dict[str, Any], name: str) -> None:
     source.pop("config", None)
     if name != "config.json":
         source["config"] = name
+
+
+def config_data(spec: ConfigSpec) -> dict[str, Any]:
+    """A config section as rule-file data, as it was written."""
+    data: dict[str, Any] = {}
+    if spec.from_source is not None:
+        data["from"] = spec.from_source
+    if spec.keep is not None:
+        data["keep"] = list(spec.keep)
+    if spec.rename:
+        data["rename"] = dict(spec.rename)
+    if spec.delete:
+        data["delete"] = list(spec.delete)
+    if spec.set:
+        data["set"] = {path: value for path, value, _ in spec.set}
+    return data
+
+
+def _reads_vocab(spec: ConfigSpec) -> bool:
+    """The config reads a vocabulary map, which the inverse does not declare."""
+    return any(ref.kind == "vocab" for _, value, _ in spec.set for text in _expressions(value)
+               for ref in parse_expression(text).refs())
 
 
 def _passes_config_through(rules: RuleSet) -> bool:

@@ -133,6 +133,8 @@ class _Merged:
         self.require: dict[str, _Node] = {}
         self.min_rows: dict[str, _Node] = {}
         self.config: _Node | None = None
+        #: the whole ``inverse`` section: a child's replaces the base's, like ``config``
+        self.inverse: _Node | None = None
         self.output: dict[str, _Node] = {}
         self.top: _Node | None = None
 
@@ -165,6 +167,8 @@ def _merge(chain: list[YamlDocument]) -> _Merged:
                     merged.require[key] = _Node(doc, ("require", key), value)
         if "config" in data:
             merged.config = _Node(doc, ("config",), data["config"])
+        if "inverse" in data:
+            merged.inverse = _Node(doc, ("inverse",), data["inverse"])
         if isinstance(data.get("output"), dict):
             for key, value in data["output"].items():
                 merged.output[key] = _Node(doc, ("output", key), value)
@@ -286,14 +290,33 @@ def _semantic_problems(m: _Merged) -> list[tuple[tuple[str, int, int], str]]:
         for i, _ in enumerate(loaded.value):
             _compile(loaded.value[i], loaded, (i,), report)
 
-    if m.config is not None and isinstance(m.config.value, dict):
-        check_ref(m.config, ("from",), "source", sources)
-        settings = m.config.value.get("set")
-        if isinstance(settings, dict):
-            for field_name, value in settings.items():
-                for sub, problem in _reference_problems(value, ("set", field_name), sources, vocabs):
-                    report(m.config, sub, problem)
+    for config in (m.config, _inverse_config(m)):
+        if config is not None and isinstance(config.value, dict):
+            check_ref(config, ("from",), "source", sources)
+            settings = config.value.get("set")
+            if isinstance(settings, dict):
+                for field_name, value in settings.items():
+                    for sub, problem in _reference_problems(value, ("set", field_name), sources, vocabs):
+                        report(config, sub, problem)
     return out
+
+
+def _inverse_config(m: _Merged) -> _Node | None:
+    """``inverse.config``: the config section ``invert`` writes into the inverse."""
+    if m.inverse is None or not isinstance(m.inverse.value, dict) or "config" not in m.inverse.value:
+        return None
+    return _Node(m.inverse.doc, ("inverse", "config"), m.inverse.value["config"])
+
+
+def _config_spec(node: _Node | None) -> ConfigSpec | None:
+    if node is None:
+        return None
+    c = node.value or {}
+    return ConfigSpec(
+        where=node.where(), from_source=c.get("from"),
+        keep=tuple(c["keep"]) if "keep" in c else None,
+        rename=tuple(c.get("rename", {}).items()), delete=tuple(c.get("delete", [])),
+        set=tuple((k, val, node.where("set", k)) for k, val in c.get("set", {}).items()))
 
 
 def _compile(value: Any, node: _Node, sub: tuple[str | int, ...], report: Any) -> KeyPattern | None:
@@ -468,14 +491,6 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
                    for i, p in enumerate(loaded_node.value)) if loaded_node else ()
     min_rows = tuple(MinRows(k, float(n.value), n.where()) for k, n in m.min_rows.items())
     strict = m.require["strict"].value if "strict" in m.require else True
-    config = None
-    if m.config is not None:
-        c = m.config.value or {}
-        config = ConfigSpec(
-            where=m.config.where(), from_source=c.get("from"),
-            keep=tuple(c["keep"]) if "keep" in c else None,
-            rename=tuple(c.get("rename", {}).items()), delete=tuple(c.get("delete", [])),
-            set=tuple((k, val, m.config.where("set", k)) for k, val in c.get("set", {}).items()))
     out = {k: n.value for k, n in m.output.items()}
     output = OutputSpec(
         max_shard_size=parse_size(out["max_shard_size"]) if "max_shard_size" in out else None,
@@ -489,7 +504,8 @@ def _build(m: _Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleS
                    vocab=vocab, tensors=tuple(tensors), add=add,
                    file_rules=build_file_rules([(n.value, n.where()) for n in m.files], convert),
                    require=Require(loaded=loaded, min_rows_from_source=min_rows, strict=strict),
-                   config=config, output=output, sha256=sha256, files=files)
+                   config=_config_spec(m.config), inverse_config=_config_spec(_inverse_config(m)),
+                   output=output, sha256=sha256, files=files)
 
 
 def _missing(v: dict[str, Any], where: Where) -> MissingRows:

@@ -184,6 +184,9 @@ class RuleSet:
     require: Require
     config: ConfigSpec | None
     output: OutputSpec
+    #: ``inverse.config``: what ``invert`` writes as the inverse's ``config`` (it cannot
+    #: derive a config that the forward builds rather than passes through)
+    inverse_config: ConfigSpec | None = None
     #: the ``files`` section: non-weight files copied into the output (none without it)
     file_rules: tuple[FileRule, ...] = ()
     #: sha256 over the bytes of this file and every file it extends, in order
