@@ -1,0 +1,239 @@
+"""Exact dequantization of one block of weight rows (torch on CPU, vectorised).
+
+The unit of work is a *row block*: some rows of a quantized weight plus the rows of its
+scales that cover them, in, and the output rows' bytes, out. The executor streams a
+tensor as a sequence of such blocks, so memory is bounded by a block whatever the
+tensor's size. Each function checks the sizes it is given and never reads past them.
+
+- FP8 block-scaled (DeepSeek-V3/R1, Kimi-K2): ``out[i, j] = round(float32(W[i, j]) *
+  scale_inv[i // bh, j // bw])`` with the product rounded to float32 and then to the
+  output dtype, both to nearest even (what DeepSeek's ``weight_dequant`` kernel computes).
+  Edge blocks may be partial; each uses its own scale.
+- int4 pack-quantized (compressed-tensors): nibble ``k`` (bits ``4k..4k+3``) of word
+  ``w`` of a row is element ``8w + k``, stored as ``q + 8``; ``out[r, c] =
+  round_s(round_s(q[r, c] - zp[r, c // g]) * scale[r, c // g])`` computed in the scale's
+  dtype ``s`` (as compressed-tensors' ``dequantize`` does), then cast to the output dtype.
+  The zero point (asymmetric schemes) is packed the same way along rows.
+
+torch is imported inside the functions: importing this module costs nothing to
+``validate`` or ``plan``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..dtypes import DTYPE_SIZES
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Fp8Block", "Int4Groups", "dequant_fp8_rows", "dequant_int4_rows", "tensor_view"]
+
+Buffer = bytes | bytearray | memoryview
+
+#: output dtypes a dequantization may produce (safetensors names)
+OUTPUT_DTYPES = ("BF16", "F16", "F32")
+
+
+@dataclass(frozen=True)
+class Fp8Block:
+    """An FP8 weight of ``cols`` columns scaled per ``block_rows x block_cols`` block."""
+
+    cols: int
+    block_rows: int
+    block_cols: int
+
+    @property
+    def scale_cols(self) -> int:
+        return -(-self.cols // self.block_cols)
+
+    def scale_rows(self, rows: int) -> int:
+        return -(-rows // self.block_rows)
+
+
+@dataclass(frozen=True)
+class Int4Groups:
+    """An int4 weight of ``cols`` columns packed 8 per int32 word, one scale per
+    ``group_size`` columns of a row, scales of dtype ``scale_dtype`` (safetensors name)."""
+
+    cols: int
+    group_size: int
+    scale_dtype: str
+
+    @property
+    def words(self) -> int:
+        return -(-self.cols // 8)
+
+    @property
+    def groups(self) -> int:
+        return -(-self.cols // self.group_size)
+
+    @staticmethod
+    def zero_point_rows(rows: int) -> int:
+        return -(-rows // 8)
+
+
+def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
+                     out_dtype: str = "BF16") -> memoryview:
+    """The output bytes of the rows of an F8_E4M3 weight in ``weight`` (whole rows,
+    starting at a block boundary), given the F32 scale rows covering them.
+
+    >>> import torch
+    >>> w = torch.ones(3, 5, dtype=torch.float8_e4m3fn)
+    >>> s = torch.tensor([[2.0, 0.5]])
+    >>> out = dequant_fp8_rows(bytes(w.view(torch.uint8).numpy()), bytes(s.numpy()),
+    ...                        Fp8Block(cols=5, block_rows=4, block_cols=4))
+    >>> tensor_view(out, "BF16", (3, 5))[0].tolist()
+    [2.0, 2.0, 2.0, 2.0, 0.5]
+    """
+    import torch
+
+    rows = _whole_rows(len(weight), layout.cols, 1, "FP8 weight")
+    blocks = layout.scale_rows(rows)
+    _expect(len(scale_inv), blocks * layout.scale_cols * 4, "F32 scale_inv rows")
+    s = _as_tensor(scale_inv, torch.float32).view(blocks, layout.scale_cols)
+    # one scale per column of each block row, then broadcast over the block's rows
+    s_cols = s.repeat_interleave(layout.block_cols, dim=1)[:, :layout.cols]
+    out = _decode_e4m3(_as_tensor(weight, torch.int8), rows * layout.cols).view(rows, layout.cols)
+    full = rows // layout.block_rows
+    if full:
+        body = out[:full * layout.block_rows].view(full, layout.block_rows, layout.cols)
+        body.mul_(s_cols[:full, None, :])
+    if full < blocks:  # a partial last block of rows
+        out[full * layout.block_rows:].mul_(s_cols[full])
+    return _to_bytes(out, out_dtype, copy=True)  # ``out`` is scratch, reused by the next block
+
+
+def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
+                      zero_point: Buffer | None = None, out_dtype: str = "BF16") -> memoryview:
+    """The output bytes of the rows of an int4 weight packed in ``packed`` (I32 words,
+    whole rows), given the scale rows of the same rows and, for an asymmetric scheme,
+    the packed zero-point rows (I32, 8 rows per word; the block must start at a multiple
+    of 8 rows).
+
+    >>> import torch
+    >>> words = torch.tensor([[0x76543210, 0xFEDCBA98]], dtype=torch.int64).to(torch.int32)
+    >>> out = dequant_int4_rows(bytes(words.numpy()), bytes(torch.ones(1, 1).numpy()),
+    ...                         Int4Groups(cols=16, group_size=16, scale_dtype="F32"),
+    ...                         out_dtype="F32")
+    >>> tensor_view(out, "F32", (1, 16))[0].tolist()[:9]
+    [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0]
+    """
+    import torch
+
+    from ..dtypes import torch_dtype
+
+    rows = _whole_rows(len(packed), layout.words, 4, "packed int4 weight")
+    ssize = DTYPE_SIZES[layout.scale_dtype]
+    _expect(len(scale), rows * layout.groups * ssize, f"{layout.scale_dtype} weight_scale rows")
+    sdtype = torch_dtype(layout.scale_dtype)
+    q = _nibbles(_as_tensor(packed, torch.uint8).view(rows, layout.words * 4))[:, :layout.cols]
+    values = q.to(sdtype)
+    if zero_point is None:
+        values.sub_(8)  # exact in every float dtype: |q - 8| <= 8
+    else:
+        zp_rows = layout.zero_point_rows(rows)
+        _expect(len(zero_point), zp_rows * layout.groups * 4, "I32 weight_zero_point rows")
+        zp_bytes = _as_tensor(zero_point, torch.uint8).view(zp_rows, layout.groups, 4)
+        # words hold 8 consecutive rows: nibble k of word [w, g] is row 8w + k
+        zp = _nibbles(zp_bytes).view(zp_rows, layout.groups, 8).transpose(1, 2)
+        zp = zp.reshape(zp_rows * 8, layout.groups)[:rows]
+        # (q + 8) - (zp + 8): the stored offsets cancel; the difference is exact
+        values.sub_(_per_column(zp.to(sdtype), layout))
+    s = _as_tensor(scale, sdtype).view(rows, layout.groups)
+    values.mul_(_per_column(s, layout))  # one rounding in the scale's dtype, as compressed-tensors
+    return _to_bytes(values, out_dtype, copy=False)
+
+
+def tensor_view(raw: Buffer, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over ``raw`` (no copy), for tests and callers that need values."""
+    from ..dtypes import torch_dtype
+
+    return _as_tensor(raw, torch_dtype(dtype)).view(shape)
+
+
+def _decode_e4m3(raw: torch.Tensor, n: int) -> torch.Tensor:
+    """float32 values of ``n`` e4m3fn bytes (given as int8), exactly, in a per-thread
+    scratch buffer. torch's own float8 -> float32 conversion is a scalar loop here (~10x
+    slower); this is three vectorised integer passes and one multiply.
+
+    Sign-extended to int32 and shifted left by 20, a byte's sign lands in bit 31 (bits
+    27-31 are copies of it) and its exponent and mantissa in bits 23-26 and 20-22: masked,
+    that is the float32 of the same value times 2**-120 (subnormals included, as the two
+    formats' subnormals differ by the same power of two), so one multiply by 2**120 is
+    exact. The NaN bytes 0x7F/0xFF come out as +-480 (quantized weights have no NaN).
+    """
+    import torch
+
+    bits = _scratch(n)
+    bits.copy_(raw)
+    bits.bitwise_left_shift_(20).bitwise_and_(_E4M3_MASK)
+    return bits.view(torch.float32).mul_(2.0 ** 120)
+
+
+#: sign bit and the 7 bits of exponent+mantissa, after the shift (as a signed int32)
+_E4M3_MASK = 0x87F00000 - (1 << 32)
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> torch.Tensor:
+    """An int32 buffer of ``n`` elements owned by this thread, reused across blocks: a
+    fresh allocation per block would page-fault its way through every byte again."""
+    import torch
+
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.numel() < n:
+        buf = _local.buf = torch.empty(n, dtype=torch.int32)
+    return buf[:n]
+
+
+def _nibbles(raw: torch.Tensor) -> torch.Tensor:
+    """uint8 [..., n] -> uint8 [..., 2n]: low nibble first (little-endian words)."""
+    import torch
+
+    return torch.stack((raw & 0xF, raw >> 4), dim=-1).flatten(-2)
+
+
+def _per_column(values: torch.Tensor, layout: Int4Groups) -> torch.Tensor:
+    """[rows, groups] -> [rows, cols]: each group's value repeated over its columns."""
+    return values.repeat_interleave(layout.group_size, dim=1)[:, :layout.cols]
+
+
+def _as_tensor(raw: Buffer, dtype: Any) -> torch.Tensor:
+    import torch
+
+    view = memoryview(raw)
+    if view.readonly:  # torch.frombuffer warns on read-only buffers; it never writes
+        view = memoryview(bytearray(view))
+    if not len(view):
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(view, dtype=dtype)
+
+
+def _to_bytes(values: torch.Tensor, out_dtype: str, *, copy: bool) -> memoryview:
+    """The bytes of ``values`` cast to ``out_dtype`` (round to nearest even); ``copy``
+    when ``values`` will be overwritten, since the caller may hold the bytes a while."""
+    import torch
+
+    from ..dtypes import torch_dtype
+
+    if out_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"out_dtype {out_dtype!r} is not one of {', '.join(OUTPUT_DTYPES)}")
+    out = values.to(torch_dtype(out_dtype), copy=copy).contiguous()
+    return memoryview(out.view(torch.uint8).numpy()).cast("B").toreadonly()
+
+
+def _whole_rows(nbytes: int, row_elems: int, elem_size: int, what: str) -> int:
+    width = row_elems * elem_size
+    if width == 0 or nbytes % width:
+        raise ValueError(f"{what}: {nbytes} bytes are not whole rows of {width} bytes")
+    return nbytes // width
+
+
+def _expect(got: int, want: int, what: str) -> None:
+    if got != want:
+        raise ValueError(f"{what}: {got} bytes given, {want} expected")
