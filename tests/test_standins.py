@@ -303,18 +303,19 @@ def test_llama_drafter_is_a_float16_gqa_pickle(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- verifier
 
 
-def test_verifier_index_places_embed_first_and_lm_head_last(tmp_path: Path) -> None:
-    built = build_kimi_k25_verifier(tmp_path, DIMS, num_shards=4)
+def test_verifier_index_is_laid_out_like_kimi_k25(tmp_path: Path) -> None:
+    built = build_kimi_k25_verifier(tmp_path, DIMS)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     weight_map = index["weight_map"]
     shards = sorted(set(weight_map.values()))
-    assert shards == [f"model-0000{i}-of-00004.safetensors" for i in range(1, 5)]
-    assert weight_map["language_model.model.embed_tokens.weight"] == shards[0]
-    assert weight_map["language_model.lm_head.weight"] == shards[-1]
-    vision = [k for k in weight_map if k.startswith("vision_tower.")]
-    assert vision and all(weight_map[k] in shards[1:-1] for k in vision)
-    assert any(k.startswith("language_model.model.layers.") and weight_map[k] in shards[1:-1]
-               for k in weight_map)
+    assert shards == [f"model-{i:05d}-of-00064.safetensors" for i in range(1, 65)]
+    # as in moonshotai/Kimi-K2.5: lm_head and the embeddings together in shard 62 of 64
+    assert weight_map["language_model.lm_head.weight"] == shards[61]
+    assert weight_map["language_model.model.embed_tokens.weight"] == shards[61]
+    vision = [k for k in weight_map if k.startswith(("vision_tower.", "mm_projector."))]
+    assert vision and {weight_map[k] for k in vision} == set(shards[62:])
+    layers = {weight_map[k] for k in weight_map if k.startswith("language_model.model.layers.")}
+    assert layers == set(shards[:61])
     total = 0
     for shard in shards:
         with safe_open(tmp_path / shard, "pt") as f:
@@ -327,11 +328,41 @@ def test_verifier_index_places_embed_first_and_lm_head_last(tmp_path: Path) -> N
     assert set(built.keys) == set(weight_map)
 
 
+def test_verifier_routed_experts_are_int4_as_its_quantization_config_says(tmp_path: Path) -> None:
+    build_kimi_k25_verifier(tmp_path, DIMS, num_shards=4)
+    config = json.loads((tmp_path / "config.json").read_text())
+    quant = config["text_config"]["quantization_config"]
+    weights = quant["config_groups"]["group_0"]["weights"]
+    assert (quant["quant_method"], quant["format"]) == ("compressed-tensors", "pack-quantized")
+    assert (weights["num_bits"], weights["type"], weights["symmetric"], weights["strategy"]) == \
+        (4, "int", True, "group")
+    group = weights["group_size"]
+    assert DIMS.verifier_hidden % group == 0 and group in (16, 32)  # 112 columns: 16
+    dtypes = {}
+    for shard in {p.name for p in tmp_path.glob("model-*.safetensors")}:
+        with safe_open(tmp_path / shard, "pt") as f:
+            dtypes.update({k: f.get_slice(k).get_dtype() for k in f.keys()})
+    packed = [k for k in dtypes if k.endswith(".weight_packed")]
+    assert packed and all(".mlp.experts." in k for k in packed)
+    for key in packed:
+        module = key.removesuffix(".weight_packed")
+        assert (dtypes[key], dtypes[f"{module}.weight_scale"], dtypes[f"{module}.weight_shape"]) == \
+            ("I32", "BF16", "I32")
+        assert f"{module}.weight" not in dtypes
+    plain = [k for k in dtypes if k.endswith(".weight")]
+    assert any(".self_attn." in k for k in plain) and any(".shared_experts." in k for k in plain)
+    assert all(dtypes[k] == "BF16" for k in plain)
+    bias = [k for k in dtypes if k.endswith("e_score_correction_bias")]
+    assert bias and all(dtypes[k] == "F32" for k in bias)
+
+
 def test_verifier_text_weights_have_the_vocab_and_hidden_size(tmp_path: Path) -> None:
     build_kimi_k25_verifier(tmp_path, DIMS, num_shards=3)
-    with safe_open(tmp_path / "model-00003-of-00003.safetensors", "pt") as f:
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    lm_shard = tmp_path / weight_map["language_model.lm_head.weight"]
+    with safe_open(lm_shard, "pt") as f:
         lm_head = f.get_tensor("language_model.lm_head.weight")
-        size = (tmp_path / "model-00003-of-00003.safetensors").stat().st_size
+    size = lm_shard.stat().st_size
     assert tuple(lm_head.shape) == (DIMS.vocab, DIMS.verifier_hidden)
     assert lm_head.dtype == torch.bfloat16
     # the rows a conversion needs (~20% of the draft vocab) are a sliver of the shard
@@ -343,13 +374,14 @@ def test_verifier_text_weights_have_the_vocab_and_hidden_size(tmp_path: Path) ->
         (DIMS.verifier_hidden, DIMS.vocab)
 
 
-@pytest.mark.parametrize("num_shards", [1, 2])
-def test_verifier_with_few_shards_still_has_an_index(tmp_path: Path, num_shards: int) -> None:
+@pytest.mark.parametrize("num_shards, lm_shard", [(1, 1), (2, 1), (3, 2)])
+def test_verifier_with_few_shards_still_has_an_index(tmp_path: Path, num_shards: int,
+                                                     lm_shard: int) -> None:
     build_kimi_k25_verifier(tmp_path, DIMS, num_shards=num_shards)
     weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())[
         "weight_map"]
-    last = f"model-{num_shards:05d}-of-{num_shards:05d}.safetensors"
-    assert weight_map["language_model.lm_head.weight"] == last
+    name = f"model-{lm_shard:05d}-of-{num_shards:05d}.safetensors"
+    assert weight_map["language_model.lm_head.weight"] == name
     assert len(set(weight_map.values())) == num_shards
 
 

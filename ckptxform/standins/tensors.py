@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ckptxform.dtypes import USER_DTYPES
 from ckptxform.errors import UsageError
+from ckptxform.standins.deepseek import DeepseekV3Dims
 from ckptxform.standins.dims import DrafterDims
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class BuiltCheckpoint:
     tensors (``shapes``/``dtypes`` use safetensors dtype names) and which files."""
 
     path: Path
-    dims: DrafterDims
+    dims: DrafterDims | DeepseekV3Dims
     target_ids: tuple[int, ...] | None
     keys: tuple[str, ...]
     shapes: Mapping[str, tuple[int, ...]]

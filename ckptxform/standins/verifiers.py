@@ -6,103 +6,102 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckptxform.errors import UsageError
-from ckptxform.standins.configs import kimi_k25_config, llama_fields
+from ckptxform.standins.configs import int4_quantization_config, kimi_k25_config, llama_fields
+from ckptxform.standins.deepseek import DeepseekV3Dims, Module, text_modules
 from ckptxform.standins.dims import LLAMA31_8B_TINY, DrafterDims
+from ckptxform.standins.quantized import module_sizes, module_tensors, routed_expert
+from ckptxform.standins.shards import balanced_runs, write_sharded
 from ckptxform.standins.tensors import (
     BuiltCheckpoint,
     TensorSpec,
     built_checkpoint,
-    dtypes_of,
     save_safetensors,
     seeded_values,
-    shapes_of,
     write_json,
 )
 
-__all__ = ["build_kimi_k25_verifier", "build_llama_verifier"]
+__all__ = ["build_kimi_k25_verifier", "build_llama_verifier", "int4_group_size", "kimi_k25_text_dims"]
 
 
-def build_kimi_k25_verifier(out_dir: str | Path, dims: DrafterDims, *, num_shards: int = 4,
+def build_kimi_k25_verifier(out_dir: str | Path, dims: DrafterDims, *, num_shards: int = 64,
                             seed: int = 0) -> BuiltCheckpoint:
-    """The text and vision weights of a Kimi-K2.5-like multimodal wrapper, sharded.
+    """moonshotai/Kimi-K2.5's layout: a multimodal wrapper around a DeepSeek-V3 text model
+    (``kimi_k25_text_dims(dims)``) whose routed experts are compressed-tensors int4
+    (``weight_packed``/``weight_scale``/``weight_shape``), everything else in ``dims.dtype``,
+    with the ``quantization_config`` in ``text_config`` as the real repo has it.
 
-    ``model-0000N-of-0000M.safetensors`` with ``model.safetensors.index.json``:
-    ``language_model.model.embed_tokens.weight`` in the first shard, decoder layers
-    (dense, then int4-packed experts as compressed-tensors stores them) and
-    ``vision_tower.*``/``mm_projector.*`` in the middle ones, and
-    ``language_model.lm_head.weight`` [vocab, verifier_hidden] in the last.
+    ``model-0000N-of-000NN.safetensors`` with an index; as in the real 64 shards, the
+    decoder layers fill the first ``num_shards - 3`` shards, ``language_model.lm_head``,
+    ``language_model.model.embed_tokens`` and the final norm sit together in shard
+    ``num_shards - 2`` (62 of 64), and ``vision_tower.*``/``mm_projector.*`` in the last
+    two (fewer shards fold these groups together).
     """
     if num_shards < 1:
         raise UsageError(f"num_shards: {num_shards} must be >= 1")
     out = Path(out_dir)
-    groups = _verifier_groups(dims)
-    shards = _assign_shards(groups, num_shards)
+    text = kimi_k25_text_dims(dims)
+    group = int4_group_size(text)
+    embed, layers, (norm, lm_head) = text_modules(text, prefix="language_model.model.")
+    segments = [[m for layer in layers for m in layer], [lm_head, *embed, norm], _vision_modules(dims)]
+
+    def fmt(m: Module) -> str:  # the config below quantizes routed experts only
+        return "int4" if routed_expert(m) else "plain"
+
+    sizes = [[module_sizes(m, fmt(m), dims.dtype, group=group) for m in seg] for seg in segments]
+    modules = [(keys, (lambda m=m: module_tensors(m, fmt(m), dims.dtype, seed, group=group)))
+               for seg, seg_sizes in zip(segments, sizes) for m, keys in zip(seg, seg_sizes)]
+    counts = [sum(len(keys) for keys in seg_sizes) for seg_sizes in sizes]
     names = [f"model-{i + 1:05d}-of-{num_shards:05d}.safetensors" for i in range(num_shards)]
-    weight_map: dict[str, str] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    dtypes: dict[str, str] = {}
-    total = 0
-    out.mkdir(parents=True, exist_ok=True)
-    for name, specs in zip(names, shards):
-        tensors = {s.key: seeded_values(s, seed) for s in specs}
-        save_safetensors(tensors, out / name)
-        for key, t in tensors.items():
-            weight_map[key] = name
-            total += t.numel() * t.element_size()
-        shapes.update(shapes_of(tensors))
-        dtypes.update(dtypes_of(tensors))
-    write_json(out / "model.safetensors.index.json",
-               {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-    write_json(out / "config.json", kimi_k25_config(dims))
-    return BuiltCheckpoint(path=out, dims=dims, target_ids=None,
-                           keys=tuple(sorted(weight_map)), shapes=shapes, dtypes=dtypes,
-                           files=tuple(sorted(["config.json", "model.safetensors.index.json",
-                                               *names])))
+    written = write_sharded(out, names, modules, lambda all_sizes: _k25_placement(all_sizes, counts, num_shards))
+    write_json(out / "config.json", kimi_k25_config(dims, text, int4_quantization_config(group)))
+    return BuiltCheckpoint(path=out, dims=dims, target_ids=None, keys=tuple(sorted(written.weight_map)),
+                           shapes=written.shapes, dtypes=written.dtypes,
+                           files=tuple(sorted(["config.json", "model.safetensors.index.json", *names])))
 
 
-def _verifier_groups(dims: DrafterDims) -> tuple[list[TensorSpec], list[list[TensorSpec]], list[TensorSpec]]:
-    """(first shard, middle groups in order, last shard) of the stand-in verifier."""
-    vh, d, lm = dims.verifier_hidden, dims.dtype, "language_model.model"
-    inter = dims.intermediate
-    vision = max(16, vh // 4)
+def kimi_k25_text_dims(dims: DrafterDims) -> DeepseekV3Dims:
+    """The Kimi-K2.5 text model at a drafter's verifier width: attention ``heads x
+    head_dim`` wide as the drafter's (o_proj [hidden, heads*head_dim]), the dense MLP of
+    the drafter's intermediate size, MLA ranks and the expert width in Kimi's proportions."""
+    vh = dims.verifier_hidden
 
-    def layer(i: int) -> list[TensorSpec]:
-        p = f"{lm}.layers.{i}"
-        specs = [TensorSpec(f"{p}.input_layernorm.weight", (vh,), d, "norm"),
-                 TensorSpec(f"{p}.self_attn.o_proj.weight", (vh, dims.q_out), d, "linear"),
-                 TensorSpec(f"{p}.post_attention_layernorm.weight", (vh,), d, "norm")]
-        if i == 0:  # DeepSeek-V3 keeps its first layer dense
-            return specs + [TensorSpec(f"{p}.mlp.down_proj.weight", (vh, inter), d, "linear")]
-        e = f"{p}.mlp.experts.0.down_proj"  # int4 experts: packed int32 + bf16 scales
-        return specs + [TensorSpec(f"{e}.weight_packed", (vh, max(1, inter // 8)), "int32", "packed"),
-                        TensorSpec(f"{e}.weight_scale", (vh, max(1, inter // 32)), d, "norm"),
-                        TensorSpec(f"{e}.weight_shape", (2,), "int32", "shape", (vh, inter))]
+    def multiple_of_8(x: float) -> int:
+        return max(8, round(x / 8) * 8)
 
-    n = dims.verifier_layers
-    first = [TensorSpec(f"{lm}.embed_tokens.weight", (dims.vocab, vh), d, "linear"), *layer(0)]
-    middle = [layer(i) for i in range(1, n - 1)]
-    middle.insert(len(middle) // 2, [
-        TensorSpec("vision_tower.patch_embed.proj.weight", (vision, 3, 2, 2), d, "linear"),
-        TensorSpec("vision_tower.encoder.blocks.0.wqkv.weight", (3 * vision, vision), d, "linear"),
-        TensorSpec("mm_projector.proj.0.weight", (vh, 4 * vision), d, "linear"),
-    ])
-    last = [*(layer(n - 1) if n > 1 else []),
-            TensorSpec(f"{lm}.norm.weight", (vh,), d, "norm"),
-            TensorSpec("language_model.lm_head.weight", (dims.vocab, vh), d, "linear")]
-    return first, middle, last
+    return DeepseekV3Dims(
+        hidden=vh, layers=dims.verifier_layers, heads=dims.heads,
+        q_lora_rank=multiple_of_8(vh * 1536 / 7168), kv_lora_rank=multiple_of_8(vh * 512 / 7168),
+        qk_nope_head_dim=dims.head_dim, qk_rope_head_dim=max(2, dims.head_dim // 4 * 2),
+        v_head_dim=dims.head_dim, intermediate=dims.intermediate,
+        moe_intermediate=multiple_of_8(dims.intermediate * 2048 / 18432), routed_experts=4,
+        shared_experts=1, experts_per_token=2, first_k_dense=1, vocab=dims.vocab, dtype=dims.dtype)
 
 
-def _assign_shards(groups: tuple[list[TensorSpec], list[list[TensorSpec]], list[TensorSpec]],
-                   num_shards: int) -> list[list[TensorSpec]]:
-    first, middle, last = groups
-    shards: list[list[TensorSpec]] = [[] for _ in range(num_shards)]
-    shards[0].extend(first)
-    inner = list(range(1, num_shards - 1)) or [0]
-    for i, group in enumerate(middle):
-        # contiguous runs of layers per shard, as save_pretrained writes them
-        shards[inner[i * len(inner) // max(1, len(middle))]].extend(group)
-    shards[-1].extend(last)
-    return shards
+def int4_group_size(text: DeepseekV3Dims) -> int:
+    """The real group of 32 columns, halved while a scaled-down expert width (hidden for
+    gate/up, moe_intermediate for down) is not a multiple of it."""
+    group = 32
+    while text.hidden % group or text.moe_intermediate % group:
+        group //= 2
+    return group
+
+
+def _vision_modules(dims: DrafterDims) -> list[Module]:
+    vision, vh = max(16, dims.verifier_hidden // 4), dims.verifier_hidden
+    return [Module("vision_tower.patch_embed.proj", (vision, 3, 2, 2), "embedding"),
+            Module("vision_tower.encoder.blocks.0.wqkv", (3 * vision, vision), "linear"),
+            Module("mm_projector.proj.0", (vh, 4 * vision), "linear")]
+
+
+def _k25_placement(sizes: list[int], counts: list[int], num_shards: int) -> list[int]:
+    """Layers over the first shards, the text head alone in the third-to-last, vision in
+    the last two (as Kimi-K2.5's 64 shards); fewer shards share."""
+    n_layers, n_head, n_vision = counts
+    if num_shards >= 4:
+        vision = [num_shards - 2 + s for s in balanced_runs(sizes[n_layers + n_head:], 2)]
+        return [*balanced_runs(sizes[:n_layers], num_shards - 3), *[num_shards - 3] * n_head, *vision]
+    head = max(0, num_shards - 2)
+    return [*[0] * n_layers, *[head] * n_head, *[num_shards - 1] * n_vision]
 
 
 def build_llama_verifier(out_dir: str | Path, dims: DrafterDims = LLAMA31_8B_TINY, *,

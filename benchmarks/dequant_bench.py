@@ -1,0 +1,178 @@
+"""Dequantization benchmark: FP8 block-scaled and int4 pack-quantized checkpoints to bf16.
+
+    python benchmarks/dequant_bench.py                        # >= 2 GB of FP8 and of int4 weights, 3 reps
+    python benchmarks/dequant_bench.py --size 200MB --reps 1  # a quick run
+
+Sources are the Kimi-K2 stand-ins at the real widths (hidden 7168, FP8 block 128, int4
+group 32; ``kv_a_proj_with_mqa`` [576, 7168] with its partial edge block), with enough
+routed experts that the quantized weights alone reach ``--size``; 4 shards, so that a
+shard is as large as a few of the largest tensors (the real ones are ~16 GB).
+
+Contenders, each in its own process, alternating, from a warm page cache:
+- ``cp -r`` of the source (the copy floor: reading the input and writing as many bytes);
+- a naive script: ``load_file`` each shard, dequantize whole tensors with torch,
+  ``save_file`` (what DeepSeek's ``fp8_cast_bf16.py`` does, on CPU);
+- ``ckptxform apply`` of ``rules/fp8_block_to_bf16.yaml`` / ``rules/compressed_int4_to_bf16.yaml``,
+  with and without ``--no-fsync``.
+Throughput is GB/s of output (bf16 bytes written) per wall second; peak RSS from GNU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench import compile_ckptxform, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
+
+REPO = HERE.parent
+PY = sys.executable
+RULES = {"fp8": REPO / "rules" / "fp8_block_to_bf16.yaml", "int4": REPO / "rules" / "compressed_int4_to_bf16.yaml"}
+
+# Shared by both naive scripts: walk the shards, fetch a scale from another shard when
+# the index puts it there, write each shard's dequantized tensors as one file.
+NAIVE_HEAD = r"""
+import json, os, sys, torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+index = json.load(open(os.path.join(src, "model.safetensors.index.json")))
+config = json.load(open(os.path.join(src, "config.json")))
+def tensor(key, loaded):
+    if key in loaded:
+        return loaded[key]
+    with safe_open(os.path.join(src, index["weight_map"][key]), "pt") as f:
+        return f.get_tensor(key)
+"""
+
+NAIVE_LOOP = r"""
+weight_map = {}
+for shard in sorted(set(index["weight_map"].values())):
+    loaded = load_file(os.path.join(src, shard))
+    out = {}
+    for key, value in loaded.items():
+        name = dequantize(key, value, loaded)
+        if name is not None:
+            out[name[0]] = name[1]
+    save_file(out, os.path.join(dst, shard), metadata={"format": "pt"})
+    weight_map.update({k: shard for k in out})
+config.pop("quantization_config", None)
+json.dump(config, open(os.path.join(dst, "config.json"), "w"))
+json.dump({"metadata": {}, "weight_map": weight_map}, open(os.path.join(dst, "model.safetensors.index.json"), "w"))
+"""
+
+NAIVE_FP8 = r"""
+bh, bw = config["quantization_config"]["weight_block_size"]
+def dequantize(key, value, loaded):
+    if key.endswith("_scale_inv"):
+        return None
+    if value.dtype != torch.float8_e4m3fn:
+        return key, value
+    s = tensor(key + "_scale_inv", loaded)
+    rows, cols = value.shape
+    s = s.repeat_interleave(bh, 0)[:rows].repeat_interleave(bw, 1)[:, :cols]
+    return key, (value.to(torch.float32) * s).to(torch.bfloat16)
+"""
+
+NAIVE_INT4 = r"""
+group = config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"]
+shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+def dequantize(key, value, loaded):
+    if key.endswith(("weight_scale", "weight_shape")):
+        return None
+    if not key.endswith("weight_packed"):
+        return key, value
+    module = key.removesuffix(".weight_packed")
+    rows, cols = tensor(module + ".weight_shape", loaded).tolist()
+    q = ((value.unsqueeze(-1) >> shifts) & 0xF).reshape(rows, -1)[:, :cols] - 8
+    scale = tensor(module + ".weight_scale", loaded)
+    return module + ".weight", q.to(torch.bfloat16) * scale.repeat_interleave(group, 1)
+"""
+
+
+def build_source(root: Path, fmt: str, quantized_bytes: int) -> Path:
+    """A Kimi-K2 stand-in at the real widths with about ``quantized_bytes`` of FP8 or
+    int4 weights (routed experts added until the size is reached)."""
+    from ckptxform.standins import KIMI_K2_TEXT, build_kimi_k2
+
+    expert = 3 * KIMI_K2_TEXT.hidden * KIMI_K2_TEXT.moe_intermediate  # gate, up, down
+    per_expert = expert if fmt == "fp8" else expert // 2
+    dense = 0
+    if fmt == "fp8":  # the dense layer and the attention are FP8 too
+        dense = 3 * KIMI_K2_TEXT.hidden * KIMI_K2_TEXT.intermediate
+    experts = max(2, -(-(quantized_bytes - dense) // per_expert))
+    dims = KIMI_K2_TEXT.scaled(1, layers=2, routed_experts=experts, experts_per_token=2, vocab=4096)
+    return build_kimi_k2(root / f"kimi-k2-{fmt}", dims, quantization=fmt, num_shards=4).path
+
+
+def output_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.glob("*.safetensors"))
+
+
+def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str, object]]:
+    """Build the ``fmt`` source, time the contenders on it; (report lines, raw figures)."""
+    cli = [PY, "-m", "ckptxform", "-q"]
+    src = build_source(work / "src", fmt, size)
+    warm(src)
+    naive = work / f"naive_{fmt}.py"
+    naive.write_text(NAIVE_HEAD + (NAIVE_FP8 if fmt == "fp8" else NAIVE_INT4) + NAIVE_LOOP)
+    subprocess.run([*cli, "validate", str(RULES[fmt])], check=True, stdout=subprocess.DEVNULL)
+    apply = [*cli, "apply", str(RULES[fmt]), f"--source=model={src}", "--out"]
+    contenders: dict[str, Callable[[Path], list[str]]] = {
+        "cp -r": lambda out: ["cp", "-r", str(src), str(out)],
+        "naive load/dequant/save": lambda out: [PY, str(naive), str(src), str(out)],
+        "ckptxform apply --no-fsync": lambda out: [*apply, str(out), "--no-fsync"],
+        "ckptxform apply": lambda out: [*apply, str(out)],
+    }
+    probe = work / "probe"
+    subprocess.run([*apply, str(probe), "--no-fsync"], check=True, stdout=subprocess.DEVNULL)
+    written = output_bytes(probe)
+    shutil.rmtree(probe)
+    results = run_contenders(contenders, work, reps)
+    source = output_bytes(src)
+    shutil.rmtree(src)
+    report = [f"## {fmt}: source {source / 1e9:.2f} GB in 4 shards, output {written / 1e9:.2f} GB bf16", "",
+              "| contender | median (s) | best (s) | GB/s of output | / cp -r | / naive | peak RSS (MB) |",
+              "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        rel = f"{paired_ratio(r, results['naive load/dequant/save']):.2f}" if name.startswith("ckptxform") else ""
+        report.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {written / r.wall / 1e9:.2f} | "
+                      f"{paired_ratio(r, results['cp -r']):.2f} | {rel} | {r.peak_mb:.0f} |")
+    return [*report, ""], {"source_bytes": source, "output_bytes": written,
+                           "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2GB", help="quantized weights per format (default 2GB)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--formats", default="fp8,int4")
+    ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    report = [f"# ckptxform dequant benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
+              f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.reps} repetitions", ""]
+    figures: dict[str, object] = {}
+    compile_ckptxform()
+    with tempfile.TemporaryDirectory(prefix="ckptxform-dequant-bench-", dir=args.work) as scratch:
+        for fmt in args.formats.split(","):
+            lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch))
+            report += lines
+    print("\n".join(report))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
