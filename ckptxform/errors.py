@@ -115,6 +115,10 @@ class PlanError(CkptxformError, ValueError):
     """The rules cannot be applied to these sources (unmatched tensor, shape mismatch...)."""
 
 
+class QuantizationConfigError(PlanError):
+    """A source's ``quantization_config`` is missing, unsupported or does not describe its tensors."""
+
+
 class RequirementError(PlanError):
     """A ``require`` assertion of the rule file does not hold."""
 

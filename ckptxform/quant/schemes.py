@@ -1,0 +1,159 @@
+"""What a checkpoint's ``quantization_config`` says, read the way its loaders read it.
+
+- Where: ``quantization_config``, else ``text_config.quantization_config`` (multimodal
+  wrappers such as Kimi-K2.5), else ``compression_config``: the cascade of vLLM and
+  compressed-tensors.
+- FP8 block (``quant_method: fp8``, DeepSeek-V3/R1, Kimi-K2): ``weight_block_size``
+  ``[rows, cols]``; ``modules_to_not_convert`` (transformers' FineGrainedFP8Config) if any.
+- compressed-tensors ``pack-quantized``: ``config_groups`` (each with ``targets`` and
+  ``weights`` args) and ``ignore``. A target or ignore entry is ``re:REGEX`` (matched from
+  the start of the module name), an exact module name, or a class name (``Linear``); a
+  header shows no classes, so a class target stands for every module stored quantized.
+
+Every problem is a ``QuantizationConfigError`` whose message names the config's path
+and field; the op adds the rule and the tensor key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import QuantizationConfigError
+
+__all__ = ["CONFIG_PATHS", "CompressedConfig", "Fp8BlockConfig", "Int4Group", "find_quantization_config"]
+
+CONFIG_PATHS = ("quantization_config", "text_config.quantization_config", "compression_config")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A ``quantization_config`` and the dotted path it was found at."""
+
+    path: str
+    value: dict[str, Any]
+
+
+def find_quantization_config(config_at: Callable[[str], Any]) -> Found | None:
+    """The first of ``CONFIG_PATHS`` present in a config (``config_at(path)`` gives the
+    value at a dotted path, None when absent)."""
+    for path in CONFIG_PATHS:
+        value = config_at(path)
+        if value is not None:
+            if not isinstance(value, dict):
+                raise QuantizationConfigError(f"{path} is {type(value).__name__} {value!r}, not an object")
+            return Found(path, value)
+    return None
+
+
+@dataclass(frozen=True)
+class Fp8BlockConfig:
+    """``quant_method: fp8`` with ``weight_block_size``."""
+
+    block: tuple[int, int]
+    not_converted: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, found: Found) -> Fp8BlockConfig:
+        q, path = found.value, found.path
+        if q.get("quant_method") != "fp8":
+            raise QuantizationConfigError(f"{path}.quant_method is {q.get('quant_method')!r}, not 'fp8'; "
+                                          "this rule dequantizes FP8 block-scaled checkpoints")
+        if q.get("fmt", "e4m3") != "e4m3":
+            raise QuantizationConfigError(f"{path}.fmt is {q.get('fmt')!r}; only 'e4m3' weights are supported")
+        block = q.get("weight_block_size")
+        if not (isinstance(block, list) and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise QuantizationConfigError(f"{path}.weight_block_size is {block!r}; block-scaled FP8 needs "
+                                          "[rows, cols] of positive integers (per-tensor FP8 is not this format)")
+        not_converted = q.get("modules_to_not_convert") or []
+        return cls((block[0], block[1]), tuple(str(m) for m in not_converted))
+
+    def converts(self, module: str) -> bool:
+        return not any(module == m or module.startswith(m + ".") or module.endswith("." + m)
+                       for m in self.not_converted)
+
+
+@dataclass(frozen=True)
+class Int4Group:
+    """One config group's weight args, as far as dequantizing needs them."""
+
+    name: str
+    targets: tuple[str, ...]
+    group_size: int
+    symmetric: bool
+
+
+@dataclass(frozen=True)
+class CompressedConfig:
+    """compressed-tensors ``pack-quantized`` int4 groups and the ``ignore`` list."""
+
+    path: str
+    groups: tuple[Int4Group, ...]
+    ignore: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, found: Found) -> CompressedConfig:
+        q, path = found.value, found.path
+        if q.get("quant_method") != "compressed-tensors":
+            raise QuantizationConfigError(f"{path}.quant_method is {q.get('quant_method')!r}, not "
+                                          "'compressed-tensors'; this rule dequantizes pack-quantized int4")
+        groups_in = q.get("config_groups")
+        if not isinstance(groups_in, dict) or not groups_in:
+            raise QuantizationConfigError(f"{path}.config_groups is {groups_in!r}; it must name at least one group")
+        groups = tuple(_int4_group(f"{path}.config_groups.{name}", name, group, q.get("format"))
+                       for name, group in groups_in.items())
+        ignore = q.get("ignore") or []
+        if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
+            raise QuantizationConfigError(f"{path}.ignore is {ignore!r}, not a list of strings")
+        return cls(path, groups, tuple(ignore))
+
+    def ignored(self, module: str) -> str | None:
+        """The ``ignore`` entry naming ``module``, if one does."""
+        return next((entry for entry in self.ignore if _names(entry, module)), None)
+
+    def group_for(self, module: str, *, stored_quantized: bool) -> Int4Group | None:
+        """The first group whose targets take ``module`` (class targets take what is
+        stored quantized), None when it is ignored or untargeted."""
+        if self.ignored(module) is not None:
+            return None
+        for group in self.groups:
+            for target in group.targets:
+                if _names(target, module) or (stored_quantized and _is_class_name(target)):
+                    return group
+        return None
+
+
+def _int4_group(path: str, name: str, group: Any, top_format: Any) -> Int4Group:
+    if not isinstance(group, dict):
+        raise QuantizationConfigError(f"{path} is {group!r}, not an object")
+    fmt = group.get("format") or top_format
+    if fmt != "pack-quantized":
+        raise QuantizationConfigError(f"{path}: format {fmt!r} is not 'pack-quantized'")
+    w = group.get("weights")
+    if not isinstance(w, dict):
+        raise QuantizationConfigError(f"{path}.weights is {w!r}; pack-quantized groups quantize weights")
+    wanted = {"num_bits": 4, "type": "int", "strategy": "group"}
+    for field, value in wanted.items():
+        if w.get(field) != value:
+            raise QuantizationConfigError(f"{path}.weights.{field} is {w.get(field)!r}; only {field} "
+                                          f"{value!r} is supported (int4, per group)")
+    size = w.get("group_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise QuantizationConfigError(f"{path}.weights.group_size is {size!r}, not a positive integer")
+    targets = group.get("targets")
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+        raise QuantizationConfigError(f"{path}.targets is {targets!r}, not a list of module names or classes")
+    return Int4Group(name, tuple(targets), size, bool(w.get("symmetric", True)))
+
+
+def _names(entry: str, module: str) -> bool:
+    if entry.startswith("re:"):
+        return re.match(entry.removeprefix("re:"), module) is not None
+    return entry == module
+
+
+def _is_class_name(entry: str) -> bool:
+    return not entry.startswith("re:") and "." not in entry and entry[:1].isupper()
