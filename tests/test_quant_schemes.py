@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ckptxform.engine.references import MISSING, get_path
 from ckptxform.errors import QuantizationConfigError
 from ckptxform.quant.schemes import CompressedConfig, Found, Fp8BlockConfig, find_quantization_config
 from ckptxform.standins.configs import int4_quantization_config
@@ -17,12 +18,8 @@ FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "we
 
 def lookup(config: dict[str, Any]) -> Found | None:
     def at(path: str) -> Any:
-        cur: Any = config
-        for part in path.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                return None
-            cur = cur[part]
-        return cur
+        value = get_path(config, path)
+        return None if value is MISSING else value
     return find_quantization_config(at)
 
 

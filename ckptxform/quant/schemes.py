@@ -35,6 +35,13 @@ class Found:
     path: str
     value: dict[str, Any]
 
+    def require_method(self, method: str, what: str) -> tuple[dict[str, Any], str]:
+        """(the config, its path) when its ``quant_method`` is ``method``."""
+        if self.value.get("quant_method") != method:
+            raise QuantizationConfigError(f"{self.path}.quant_method is {self.value.get('quant_method')!r}, "
+                                          f"not {method!r}; this rule dequantizes {what}")
+        return self.value, self.path
+
 
 def find_quantization_config(config_at: Callable[[str], Any]) -> Found | None:
     """The first of ``CONFIG_PATHS`` present in a config (``config_at(path)`` gives the
@@ -57,10 +64,7 @@ class Fp8BlockConfig:
 
     @classmethod
     def parse(cls, found: Found) -> Fp8BlockConfig:
-        q, path = found.value, found.path
-        if q.get("quant_method") != "fp8":
-            raise QuantizationConfigError(f"{path}.quant_method is {q.get('quant_method')!r}, not 'fp8'; "
-                                          "this rule dequantizes FP8 block-scaled checkpoints")
+        q, path = found.require_method("fp8", "FP8 block-scaled checkpoints")
         if q.get("fmt", "e4m3") != "e4m3":
             raise QuantizationConfigError(f"{path}.fmt is {q.get('fmt')!r}; only 'e4m3' weights are supported")
         block = q.get("weight_block_size")
@@ -80,9 +84,13 @@ class Fp8BlockConfig:
 class Int4Group:
     """One config group's weight args, as far as dequantizing needs them."""
 
+    #: its key in ``config_groups`` (``group_0``)
     name: str
+    #: module names, ``re:`` regexes or class names
     targets: tuple[str, ...]
+    #: columns per scale
     group_size: int
+    #: False: modules carry a ``weight_zero_point``
     symmetric: bool
 
 
@@ -96,10 +104,7 @@ class CompressedConfig:
 
     @classmethod
     def parse(cls, found: Found) -> CompressedConfig:
-        q, path = found.value, found.path
-        if q.get("quant_method") != "compressed-tensors":
-            raise QuantizationConfigError(f"{path}.quant_method is {q.get('quant_method')!r}, not "
-                                          "'compressed-tensors'; this rule dequantizes pack-quantized int4")
+        q, path = found.require_method("compressed-tensors", "pack-quantized int4")
         groups_in = q.get("config_groups")
         if not isinstance(groups_in, dict) or not groups_in:
             raise QuantizationConfigError(f"{path}.config_groups is {groups_in!r}; it must name at least one group")
