@@ -15,6 +15,8 @@ Contenders, each in its own process, alternating, from a warm page cache:
 - ``ckptxform apply`` of ``rules/fp8_block_to_bf16.yaml`` / ``rules/compressed_int4_to_bf16.yaml``,
   with and without ``--no-fsync``.
 Throughput is GB/s of output (bf16 bytes written) per wall second; peak RSS from GNU time.
+Last, ``ckptxform apply`` runs on two FP8 sources whose largest tensor differs 4x
+(264 MB and 1 GB of bf16): its peak RSS must not follow.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import compile_ckptxform, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
+from bench import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
 
 REPO = HERE.parent
 PY = sys.executable
@@ -116,6 +118,28 @@ def build_source(root: Path, fmt: str, quantized_bytes: int) -> Path:
     return build_kimi_k2(root / f"kimi-k2-{fmt}", dims, quantization=fmt, num_shards=4).path
 
 
+def rss_probe(work: Path) -> list[str]:
+    """Peak RSS of ``ckptxform apply`` on two FP8 sources whose largest tensors differ 4x
+    (the dense MLP at the real width, then at 4x): it must not grow with the tensor."""
+    from ckptxform.standins import KIMI_K2_TEXT, build_kimi_k2
+
+    lines = ["## peak RSS against tensor size (FP8, one dense layer, --no-fsync)", "",
+             "| largest tensor (bf16 out) | wall (s) | peak RSS (MB) |", "|---|---|---|"]
+    for widen in (1, 4):
+        dims = KIMI_K2_TEXT.scaled(1, layers=1, intermediate=KIMI_K2_TEXT.intermediate * widen,
+                                   routed_experts=2, experts_per_token=2, vocab=4096)
+        src = build_kimi_k2(work / f"dense-x{widen}", dims, num_shards=4).path
+        warm(src)
+        out = work / "rss-out"
+        wall, rss = measure([PY, "-m", "ckptxform", "-q", "apply", str(RULES["fp8"]), f"--source=model={src}",
+                             "--out", str(out), "--no-fsync"])
+        largest = dims.intermediate * dims.hidden * 2
+        lines.append(f"| [{dims.intermediate}, {dims.hidden}] = {largest / 1e6:,.0f} MB | {wall:.2f} | {rss / 1024:.0f} |")
+        shutil.rmtree(out)
+        shutil.rmtree(src)
+    return [*lines, ""]
+
+
 def output_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.glob("*.safetensors"))
 
@@ -158,6 +182,7 @@ def main() -> None:
     ap.add_argument("--size", default="2GB", help="quantized weights per format (default 2GB)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--formats", default="fp8,int4")
+    ap.add_argument("--skip-rss", action="store_true", help="skip the peak-RSS-against-tensor-size probe")
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     args = ap.parse_args()
@@ -169,6 +194,8 @@ def main() -> None:
         for fmt in args.formats.split(","):
             lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch))
             report += lines
+        if not args.skip_rss:
+            report += rss_probe(Path(scratch))
     print("\n".join(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(figures, indent=2))

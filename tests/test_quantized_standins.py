@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from conftest import read_output
 
 from ckptxform.errors import UsageError
 from ckptxform.standins.deepseek import KIMI_K2_TEXT
@@ -19,13 +19,6 @@ from ckptxform.standins.quantized import KIMI_K2_FP8_TINY, build_kimi_k2
 from ckptxform.standins.shards import balanced_runs
 
 
-def all_tensors(root: Path) -> dict[str, torch.Tensor]:
-    weight_map = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(weight_map.values())):
-        with safe_open(root / shard, "pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +33,7 @@ def test_kimi_k2_has_61_unpadded_shards_and_a_complete_index(k2: Path) -> None:
     assert sorted(p.name for p in k2.glob("*.safetensors")) == sorted(shards)
     assert index["weight_map"]["model.embed_tokens.weight"] == "model-1-of-61.safetensors"
     assert index["weight_map"]["lm_head.weight"] == "model-61-of-61.safetensors"
-    total = sum(t.numel() * t.element_size() for t in all_tensors(k2).values())
+    total = sum(t.numel() * t.element_size() for t in read_output(k2).values())
     assert index["metadata"]["total_size"] == total
 
 
@@ -48,7 +41,7 @@ def test_kimi_k2_linear_weights_are_fp8_with_a_scale_per_block(k2: Path) -> None
     config = json.loads((k2 / "config.json").read_text())
     assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3",
                                              "quant_method": "fp8", "weight_block_size": [8, 8]}
-    tensors = all_tensors(k2)
+    tensors = read_output(k2)
     fp8 = [k for k, t in tensors.items() if t.dtype == torch.float8_e4m3fn]
     assert fp8 and all(k.endswith(".weight") for k in fp8)
     for key in fp8:
@@ -70,7 +63,7 @@ def test_kimi_k2_linear_weights_are_fp8_with_a_scale_per_block(k2: Path) -> None
 
 
 def test_kimi_k2_quantization_uses_the_fp8_range_per_block(k2: Path) -> None:
-    tensors = all_tensors(k2)
+    tensors = read_output(k2)
     w = tensors["model.layers.1.mlp.experts.3.down_proj.weight"].to(torch.float32)
     s = tensors["model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"]
     amax = w.view(w.shape[0] // 8, 8, w.shape[1] // 8, 8).abs().amax(dim=(1, 3))
@@ -125,7 +118,7 @@ def test_kimi_k2_thinking_quantizes_routed_experts_to_int4_only(tmp_path: Path) 
     config = json.loads((root / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "compressed-tensors"
     assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] == 32
-    tensors = all_tensors(root)
+    tensors = read_output(root)
     packed = {k.removesuffix(".weight_packed") for k in tensors if k.endswith(".weight_packed")}
     experts = {k.removesuffix(".weight") for k in tensors if ".mlp.experts." in k and k.endswith(".weight")}
     assert packed and not experts and all(".mlp.experts." in m for m in packed)
@@ -146,7 +139,7 @@ def test_compressed_tensors_reads_the_int4_standins(tmp_path: Path) -> None:
 
     for root in (build_kimi_k2(tmp_path / "k2t", quantization="int4", num_shards=7).path,
                  build_kimi_k25_verifier(tmp_path / "k25", KIMI_K2_TINY, num_shards=5).path):
-        tensors = all_tensors(root)
+        tensors = read_output(root)
         out = ct.CompressedTensorsDequantizer(str(root)).validate(dict(tensors))
         assert not any(k.endswith(("weight_packed", "weight_scale", "weight_shape")) for k in out)
         assert {k for k in out if k.endswith(".weight")} >= {

@@ -8,6 +8,7 @@ index order) and a missing member is a plan error naming the key that is missing
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -19,7 +20,7 @@ from ..rules.model import TensorRule
 from ..rules.templates import Template, expand_from, natural_key
 from ..sources.base import TensorInfo
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
-from .references import References
+from .references import MISSING, References, get_path
 
 Binding = tuple[tuple[str, str], ...]
 
@@ -36,9 +37,19 @@ class PlannedOutput:
 
 
 class _StepContext(Context):
-    def __init__(self, refs: References, label: str, binding: Binding) -> None:
+    def __init__(self, refs: References, label: str, binding: Binding,
+                 member_key: Callable[[str], str] | None = None) -> None:
         self.label = label
         self._refs = References(refs.rules, refs.ckpts, refs.vocab, refs.config, refs.config_label, dict(binding))
+        self._member_key = member_key
+
+    def key(self, value: str) -> str:
+        assert self._member_key is not None, "key() is for reduce ops"
+        return self._member_key(value)
+
+    def config(self, path: str) -> Any:
+        value = get_path(self._refs.config or {}, path)
+        return None if value is MISSING else value
 
     def integer(self, value: Any, what: str) -> int:
         return self._refs.integer(value, f"{self.label}: {what}")
@@ -103,8 +114,13 @@ class _Chain:
             member = bound.pop(var)
             groups.setdefault(tuple(sorted(bound.items())), []).append((member, self.view(value)))
         for rest, group in sorted(groups.items()):
-            ctx = _StepContext(self.refs, label, rest)
-            order = self._order(step, ctx, rest, var, {m for m, _ in group})
+            ctx = _StepContext(self.refs, label, rest,
+                               lambda v, rest=rest: _member_key(self.key, dict(rest), var, v))
+            present = {m for m, _ in group}
+            if op.partial_groups and var in self.key.variables:
+                order = [m for m in self.key.variables[var].values if m in present]
+            else:
+                order = self._order(step, ctx, rest, var, present)
             by_name = dict(group)
             out.append((rest, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order])))
         return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
+from .dequant import DequantFp8Block, DequantInt4
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -26,7 +27,7 @@ from .transpose import Transpose
 
 OPS: dict[str, OpDef] = {op.verb: op for op in (
     Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
-    QkvDeinterleave(), ResizeRows(),
+    QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(),
 )}
 
 

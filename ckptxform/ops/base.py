@@ -134,6 +134,14 @@ class Context(ABC):
     def error(self, message: str, key: str | None = None) -> PlanError:
         return PlanError(f"{self.label}: {message}", key=key)
 
+    def key(self, value: str) -> str:
+        """The source key of member ``value`` of the group being reduced, present or not."""
+        raise NotImplementedError
+
+    def config(self, path: str) -> Any:
+        """The JSON value at a dotted path of the converted source's config, None when absent."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Step:
@@ -159,6 +167,9 @@ class OpDef(ABC):
 
     verb: ClassVar[str]
     kind: ClassVar[Literal["map", "reduce", "split"]] = "map"
+    #: reduce ops that judge incomplete groups themselves: ``reduce`` gets the present
+    #: members only, in the enumeration's order
+    partial_groups: ClassVar[bool] = False
     #: JSON Schema of the verb's argument
     schema: ClassVar[dict[str, Any]]
     description: ClassVar[str]

@@ -137,11 +137,13 @@ def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
     ssize = DTYPE_SIZES[layout.scale_dtype]
     _expect(len(scale), rows * layout.groups * ssize, f"{layout.scale_dtype} weight_scale rows")
     sdtype = torch_dtype(layout.scale_dtype)
-    q = _nibbles(_as_tensor(packed, torch.uint8).view(rows, layout.words * 4))[:, :layout.cols]
-    values = q.to(sdtype)
+    nibbles = _nibbles(_as_tensor(packed, torch.uint8).view(rows, layout.words * 4))[:, :layout.cols]
     if zero_point is None:
-        values.sub_(8)  # exact in every float dtype: |q - 8| <= 8
+        # q = nibble - 8, wrapped in uint8 and read as int8: exact, and half the bytes of
+        # subtracting in the scale's dtype
+        values = nibbles.sub_(8).view(torch.int8).to(sdtype)
     else:
+        values = nibbles.to(sdtype)
         zp_rows = layout.zero_point_rows(rows)
         _expect(len(zero_point), zp_rows * layout.groups * 4, "I32 weight_zero_point rows")
         zp_bytes = _as_tensor(zero_point, torch.uint8).view(zp_rows, layout.groups, 4)
@@ -149,9 +151,9 @@ def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
         zp = _nibbles(zp_bytes).view(zp_rows, layout.groups, 8).transpose(1, 2)
         zp = zp.reshape(zp_rows * 8, layout.groups)[:rows]
         # (q + 8) - (zp + 8): the stored offsets cancel; the difference is exact
-        values.sub_(_per_column(zp.to(sdtype), layout))
+        _per_group(values, layout).sub_(zp.to(sdtype)[:, :, None])
     s = _as_tensor(scale, sdtype).view(rows, layout.groups)
-    values.mul_(_per_column(s, layout))  # one rounding in the scale's dtype, as compressed-tensors
+    _per_group(values, layout).mul_(s[:, :, None])  # one rounding in the scale's dtype, as compressed-tensors
     return _to_bytes(values, out_dtype, copy=False)
 
 
@@ -205,9 +207,12 @@ def _nibbles(raw: torch.Tensor) -> torch.Tensor:
     return torch.stack((raw & 0xF, raw >> 4), dim=-1).flatten(-2)
 
 
-def _per_column(values: torch.Tensor, layout: Int4Groups) -> torch.Tensor:
-    """[rows, groups] -> [rows, cols]: each group's value repeated over its columns."""
-    return values.repeat_interleave(layout.group_size, dim=1)[:, :layout.cols]
+def _per_group(values: torch.Tensor, layout: Int4Groups) -> torch.Tensor:
+    """[rows, cols] viewed as [rows, groups, group_size] (compressed-tensors requires
+    cols to be a multiple of the group size), so a per-group value broadcasts."""
+    if layout.cols != layout.groups * layout.group_size:
+        raise ValueError(f"{layout.cols} columns are not whole groups of {layout.group_size}")
+    return values.view(values.shape[0], layout.groups, layout.group_size)
 
 
 def _as_tensor(raw: Buffer, dtype: Any) -> torch.Tensor:
