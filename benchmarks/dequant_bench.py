@@ -9,7 +9,8 @@ routed experts that the quantized weights alone reach ``--size``; 4 shards, so t
 shard is as large as a few of the largest tensors (the real ones are ~16 GB).
 
 Contenders, each in its own process, alternating, from a warm page cache:
-- ``cp -r`` of the source (the copy floor: reading the input and writing as many bytes);
+- ``cp -r`` of the bf16 output (the copy floor: reading and writing as many bytes as the
+  conversion writes);
 - a naive script: ``load_file`` each shard, dequantize whole tensors with torch,
   ``save_file`` (what DeepSeek's ``fp8_cast_bf16.py`` does, on CPU);
 - ``ckptxform apply`` of ``rules/fp8_block_to_bf16.yaml`` / ``rules/compressed_int4_to_bf16.yaml``,
@@ -153,17 +154,18 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
     naive.write_text(NAIVE_HEAD + (NAIVE_FP8 if fmt == "fp8" else NAIVE_INT4) + NAIVE_LOOP)
     subprocess.run([*cli, "validate", str(RULES[fmt])], check=True, stdout=subprocess.DEVNULL)
     apply = [*cli, "apply", str(RULES[fmt]), f"--source=model={src}", "--out"]
+    probe = work / "probe"
+    subprocess.run([*apply, str(probe), "--no-fsync"], check=True, stdout=subprocess.DEVNULL)
+    written = output_bytes(probe)
+    warm(probe)
     contenders: dict[str, Callable[[Path], list[str]]] = {
-        "cp -r": lambda out: ["cp", "-r", str(src), str(out)],
+        "cp -r": lambda out: ["cp", "-r", str(probe), str(out)],
         "naive load/dequant/save": lambda out: [PY, str(naive), str(src), str(out)],
         "ckptxform apply --no-fsync": lambda out: [*apply, str(out), "--no-fsync"],
         "ckptxform apply": lambda out: [*apply, str(out)],
     }
-    probe = work / "probe"
-    subprocess.run([*apply, str(probe), "--no-fsync"], check=True, stdout=subprocess.DEVNULL)
-    written = output_bytes(probe)
-    shutil.rmtree(probe)
     results = run_contenders(contenders, work, reps)
+    shutil.rmtree(probe)
     source = output_bytes(src)
     shutil.rmtree(src)
     report = [f"## {fmt}: source {source / 1e9:.2f} GB in 4 shards, output {written / 1e9:.2f} GB bf16", "",
