@@ -245,8 +245,12 @@ KV_A = "model.layers.0.self_attn.kv_a_proj_with_mqa"
 DOWN = "model.layers.0.mlp.down_proj"
 EXPERT = "language_model.model.layers.2.mlp.experts.1.up_proj"
 K25_DOWN = "language_model.model.layers.1.mlp.experts.0.down_proj"
-FP8_AT = "tensors[0].ops[0] dequant_fp8_block ({rule}:23): "
-INT4_AT = "tensors[0].ops[0] dequant_int4 ({rule}:23): "
+def _op_line(rule: Path, verb: str) -> int:
+    return next(i for i, line in enumerate(rule.read_text().splitlines(), 1) if line.strip().startswith(f"- {verb}"))
+
+
+FP8_AT = f"tensors[0].ops[0] dequant_fp8_block ({{rule}}:{_op_line(FP8_RULE, 'dequant_fp8_block')}): "
+INT4_AT = f"tensors[0].ops[0] dequant_int4 ({{rule}}:{_op_line(INT4_RULE, 'dequant_int4')}): "
 
 
 def int4_config(k25: Path, **weights: Any) -> dict[str, Any]:

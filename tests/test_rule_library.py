@@ -36,6 +36,8 @@ from ckptxform.standins import (
     build_eagle3_drafter,
     build_full_vocab_drafter,
     build_headline_standins,
+    build_kimi_k2,
+    build_kimi_k25_verifier,
     build_llama_eagle3,
     build_mla_drafter,
     make_draft_vocab,
@@ -43,8 +45,9 @@ from ckptxform.standins import (
 
 RULES = REPO / "rules"
 SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
-#: the EAGLE-3 drafter rules, run here on stand-ins; the structural rules (MoE fusing,
-#: Meta/Phi-3/GPT-2 layouts, tying) are run against transformers in test_structural_library
+#: the EAGLE-3 drafter rules and the dequant rules, run here on stand-ins; the structural
+#: rules (MoE fusing, Meta/Phi-3/GPT-2 layouts, tying) are run against transformers in
+#: test_structural_library
 DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 
@@ -68,6 +71,8 @@ class Scenario:
 
     sources: dict[str, str]
     converted_keys: frozenset[str]
+    #: the rule's ``convert`` source
+    converted: str = "drafter"
 
 
 def _headline(root: Path) -> Scenario:
@@ -108,6 +113,19 @@ def _full_vocab_kimi_mla(root: Path) -> Scenario:
     return Scenario({"drafter": str(drafter.path), "vocab": str(vocab.path)}, frozenset(drafter.keys))
 
 
+def _kimi_k2_fp8(root: Path) -> Scenario:
+    model = build_kimi_k2(root / "Kimi-K2-Instruct", num_shards=5, seed=12)
+    return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
+
+
+def _kimi_k25_int4(root: Path) -> Scenario:
+    model = build_kimi_k25_verifier(root / "Kimi-K2.5", KIMI_K2_TINY, seed=13)
+    return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
+
+
+#: rules that convert a verifier (dequantize it), not a drafter: no drafter config to write
+VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml")
+
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "aqmedai_k2_to_k25.yaml": _headline,
@@ -116,6 +134,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "speculators_to_eagle3.yaml": _speculators_llama,
     "prune_draft_vocab.yaml": _full_vocab_kimi,
     "prune_draft_vocab_mla.yaml": _full_vocab_kimi_mla,
+    "fp8_block_to_bf16.yaml": _kimi_k2_fp8,
+    "compressed_int4_to_bf16.yaml": _kimi_k25_int4,
 }
 
 
@@ -186,7 +206,7 @@ def test_rule_accounts_for_every_source_tensor(name: str, runs: dict[str, Run]) 
     tensors = [e for e in events if e["event"] == "tensor"]
     # No tensor of any source is reported twice.
     assert not [k for k, n in Counter((e["source"], e["key"]) for e in tensors).items() if n > 1]
-    converted = [e for e in tensors if e["source"] == "drafter"]
+    converted = [e for e in tensors if e["source"] == run.scenario.converted]
     assert {e["key"] for e in converted} == run.scenario.converted_keys
     assert not [e for e in converted if e["action"] == "unused"]
     for event in converted:
@@ -221,9 +241,9 @@ def test_copied_tensors_are_the_source_tensors(name: str, runs: dict[str, Run]) 
     """Renames land on the right tensors: every output copied from the converted source
     holds exactly the bytes of the source tensor its audit record names."""
     run = runs[name]
-    source = _read_source(Path(run.scenario.sources["drafter"]))
+    source = _read_source(Path(run.scenario.sources[run.scenario.converted]))
     written = read_output(run.out)
-    copied = [e for e in read_audit(run.out) if e["event"] == "tensor" and e["source"] == "drafter"
+    copied = [e for e in read_audit(run.out) if e["event"] == "tensor" and e["source"] == run.scenario.converted
               and e["action"] in ("loaded", "renamed")]
     assert copied
     for event in copied:
