@@ -84,6 +84,12 @@ def test_fp8_rule_audit_names_both_inputs_and_the_op(tmp_path: Path) -> None:
     assert written["from"]["ops"] == ["dequant_fp8_block over T to bfloat16"]
     records = {e["key"]: e for e in audit if e["event"] == "tensor"}
     assert records[f"{kv_a}.weight_scale_inv"]["target"] == f"{kv_a}.weight"
+    assert (records[f"{kv_a}.weight"]["action"], records[f"{kv_a}.weight"]["reason"].split(" -> ")[0]) == (
+        "transformed", "dequant_fp8_block over T to bfloat16")
+    # a BF16 weight the op passes through is recorded as what happened to it: loaded, not transformed
+    norm = records["model.norm.weight"]
+    assert (norm["action"], norm["target"], norm["reason"]) == ("loaded", "model.norm.weight",
+                                                                "matched -> 'model.norm.weight'")
     assert len(records) == len(read_output(src))  # every source tensor accounted for
 
 

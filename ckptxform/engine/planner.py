@@ -324,8 +324,13 @@ class _Planner:
         """A ``key:`` rule: its groups, op chains and outputs (engine/groups.py)."""
         refs = self._references(source)
         targets: dict[str, list[str]] = {}
+        #: members an op chain passed through unchanged (a dequant op's unquantized norm):
+        #: recorded as loaded or renamed, not as transformed
+        unchanged: set[str] = set()
         chain = "; ".join(step.op.describe(step.args) for step in rule.ops)
         for planned in plan_template_rule(rule, source, members, refs):
+            if isinstance(planned.recipe, CopyTensor):
+                unchanged.add(planned.recipe.key)
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short, loaded=True),
@@ -337,8 +342,9 @@ class _Planner:
             if not outs:
                 self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
                 continue
-            action = "transformed" if rule.ops else ("renamed" if outs != [info.key] else "loaded")
-            reason = (f"{chain} -> " if chain else "matched -> ") + ", ".join(map(repr, outs))
+            transformed = bool(rule.ops) and info.key not in unchanged
+            action = "transformed" if transformed else ("renamed" if outs != [info.key] else "loaded")
+            reason = (f"{chain} -> " if transformed else "matched -> ") + ", ".join(map(repr, outs))
             dtype = self._out_dtype(info.dtype, rule.cast)
             if dtype != info.dtype:
                 reason += f", cast {info.dtype} -> {dtype}"
