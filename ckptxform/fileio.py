@@ -56,13 +56,8 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, what: str, pipe
     """The bytes of ``path``, a regular file (or, with ``pipes``, a pipe) of at most
     ``limit`` bytes; ``what`` names it in messages ("a config.json"). Anything else is refused before a byte is read: opening a FIFO waits
     for a writer forever, and ``/dev/zero`` never ends. OSError for an unreadable path."""
-    # O_NONBLOCK: the open itself must not wait for a FIFO's writer
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    fd = _open_file(path, pipes=pipes)
     try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
-            raise _not_a_file(path, mode)
-        os.set_blocking(fd, True)
         parts: list[bytes] = []
         size = 0
         while size <= limit:
@@ -82,16 +77,23 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, what: str, pipe
 def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     """``path`` open for reading if it is a regular file (links followed); anything else is a
     ``NotAFileError`` before a byte is read."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # the open must not wait for a writer
+    return os.fdopen(_open_file(path, pipes=False), "rb")
+
+
+def _open_file(path: str | os.PathLike[str], *, pipes: bool) -> int:
+    """A blocking read descriptor of ``path`` if it is a regular file (or, with ``pipes``, a
+    pipe); ``NotAFileError`` otherwise, before a byte is read."""
+    # O_NONBLOCK: the open itself must not wait for a FIFO's writer
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        if not (stat.S_ISREG(mode) or (pipes and stat.S_ISFIFO(mode))):
             raise _not_a_file(path, mode)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
-    return os.fdopen(fd, "rb")
+    return fd
 
 
 def refuse_non_regular(path: str | os.PathLike[str]) -> None:
