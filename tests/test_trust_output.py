@@ -32,7 +32,7 @@ from test_writer import mark_as_earlier_output
 from ckptxform import api
 from ckptxform.engine.outdir import OutputDir
 from ckptxform.engine.writer import ShardWriter
-from ckptxform.errors import OutputError, SourceChangedError
+from ckptxform.errors import CkptxformError, OutputError, SourceChangedError
 from ckptxform.standins import HeadlineStandins, build_headline_standins
 from ckptxform.verify import verify
 
@@ -378,6 +378,22 @@ def test_a_source_rewritten_during_apply_fails_naming_it_and_leaves_no_output(
                               "was written; rerun once nothing writes to it")
     assert not out.exists() and beside(out) == []
     assert tree_digest(*source_dirs(headline.sources)[1:]) == others
+
+
+def test_a_source_truncated_during_apply_fails_naming_it_and_leaves_no_output(
+        headline: HeadlineStandins, headline_rule: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut to its header after the first tensor is written: the next read of it fails
+    (copies hash the output, never the source again, so the failure is the read's)."""
+    sources = copy_drafter(headline, tmp_path / "drafter")
+    weights = tmp_path / "drafter" / "model.safetensors"
+    header_end = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    monkeypatch.setattr(ShardWriter, "finish_tensor", after_first_tensor(lambda: os.truncate(weights, header_end)))
+    out = tmp_path / "out"
+    with pytest.raises(CkptxformError) as err:
+        api.apply(headline_rule, out=out, sources=sources, progress=False)
+    assert str(weights) in str(err.value) and "truncated" in str(err.value), str(err.value)
+    assert len(str(err.value).splitlines()) == 1
+    assert not out.exists() and beside(out) == []
 
 
 def test_a_source_rewritten_during_apply_is_one_line_and_exit_1_from_the_cli(

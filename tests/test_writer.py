@@ -283,33 +283,38 @@ def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_pa
     assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == ["src.bin"]
 
 
-def test_a_source_truncated_while_it_is_hashed_is_one_clear_error_and_no_output(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hashing reads the source again after (or while) the kernel copies it: a source cut
-    short in between must be an error naming it, never SIGBUS or a wrong digest."""
-    import ckptxform.fileio as fileio
+@pytest.mark.parametrize("algorithm", DIGESTS)
+def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_again(
+        algorithm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest is of the bytes in the output: a source cut short (or rewritten) after
+    its range was copied changes nothing the writer records (the run's pin check reports
+    the source: test_trust_output.py), and a copy of several pieces hashes them in order."""
+    import ckptxform.engine.writer as writer
 
+    monkeypatch.setattr(writer, "_COPY_PIECE", MiB)  # 3.5 pieces
+    data = os.urandom(3 * MiB + MiB // 2)
     src = tmp_path / "src.bin"
-    src.write_bytes(os.urandom(4 * MiB))
-    real = fileio.pread_into
+    src.write_bytes(b"head" + data)
+    real_copy = writer._copy_range
+    copies = []
 
-    def truncate_first(fd: int, view: memoryview, offset: int) -> int:
-        os.truncate(src, MiB)
-        return real(fd, view, offset)
+    def copy_then_cut(*args: object) -> None:
+        real_copy(*args)  # type: ignore[arg-type]
+        copies.append(args)
+        if len(copies) == 4:  # the last piece is copied: nothing of the source is left to read
+            os.truncate(src, 0)
 
-    monkeypatch.setattr(fileio, "pread_into", truncate_first)  # what the hash reads through
-    layout = plan_layout([u8("w", 4 * MiB)], max_shard_size=None)
-    with pytest.raises(CkptxformError) as err:
-        with OutputDir(tmp_path / "out") as od:
-            with ShardWriter(od, layout) as shards:
-                shards.copy_from("w", src, 0, 4 * MiB)
-                shards.finish_tensor("w")
-            shards.digest("w")
-            od.commit()
-    # the byte where the source ended depends on how far the copy got before the cut
-    assert re.fullmatch(rf"source file {re.escape(repr(str(src)))} ended at byte \d+, inside a tensor its header "
-                        r"lists; was it truncated or rewritten during the run\?", str(err.value)), str(err.value)
-    assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == ["src.bin"]
+    monkeypatch.setattr(writer, "_copy_range", copy_then_cut)
+    layout = plan_layout([u8("w", len(data))], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
+            shards.copy_from("w", src, 4, len(data))
+            shards.finish_tensor("w")
+        od.commit()
+    assert len(copies) == 4
+    assert shards.digest("w") == reference_digest(algorithm, data)
+    with safe_open(tmp_path / "out" / "model.safetensors", "pt") as f:
+        assert tensor_bytes(f.get_tensor("w")) == data
 
 
 def test_write_json_puts_config_next_to_the_weights_and_refuses_weight_names(tmp_path: Path) -> None:

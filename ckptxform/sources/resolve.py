@@ -16,7 +16,6 @@ from ..errors import PathEncodingError, SourceNotFoundError, UsageError, quote
 from ..fileio import is_utf8
 from ..rules.model import SourceSpec
 from .base import Checkpoint
-from .hub import parse_hub_location, split_fetch_option
 
 
 def hub_location(location: str) -> tuple[str, str | None] | None:
@@ -27,6 +26,8 @@ def hub_location(location: str) -> tuple[str, str | None] | None:
     """
     if not location.startswith("hf://") and Path(location).exists():
         return None
+    from .hub import parse_hub_location  # the Hub client's modules, only for the Hub
+
     return parse_hub_location(location)
 
 
@@ -41,7 +42,7 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
         raise PathEncodingError(
             f"{label}path {quote(location)} is not valid UTF-8; the audit log records every source's "
             "location as text: rename it (or link it under a UTF-8 name)", path=location, source=name)
-    where, option = split_fetch_option(location)
+    where, option = _split_fetch_option(location)
     hub = hub_location(where)
     if hub is not None:
         from .hub import open_hub
@@ -100,3 +101,11 @@ def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -
             ckpt.close()
         raise failed
     return opened
+
+
+def _split_fetch_option(location: str) -> tuple[str, str | None]:
+    if "?" not in location:  # a local path: the Hub client's modules are not needed
+        return location, None
+    from .hub_fetch import split_fetch_option
+
+    return split_fetch_option(location)
