@@ -97,7 +97,8 @@ def test_fp8_other_output_dtypes(out_dtype: str) -> None:
 
 
 def test_fp8_outputs_stay_valid_after_the_next_block() -> None:
-    """The writer may hash a block after the kernel has produced the next one."""
+    """Blocks are made ahead of the writer (several in flight: quant/pipeline.py), so a
+    block's bytes must stay as they are after the kernel has produced the next one."""
     layout = Fp8Block(cols=8, block_rows=4, block_cols=4)
     w = [fp8_weight(4, 8, seed=i) for i in (1, 2)]
     s = fp8_scales(1, 2, seed=0)

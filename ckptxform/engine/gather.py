@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 from ..errors import PlanError, printable
 from ..ops.decode import cast_bytes, tensor_bytes
 from ..rules.model import MissingRows
-from .recipes import CHUNK_BYTES, Chunk, Recipe, Sources, TensorRef
+from .recipes import CHUNK_BYTES, Chunk, Piece, Recipe, Sources, TensorRef
+
+#: runs of rows at least this long are copied by the kernel when their file is local;
+#: shorter ones are read into memory (a kernel copy of 4 KiB costs a read and a write)
+KERNEL_ROWS_MIN = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,9 @@ class GatherRows(Recipe):
         width = info.row_nbytes
         fill = _Filler(self, plan, info.dtype, info.shape[1:], width)
         block = max(1, CHUNK_BYTES // max(1, width))
-        # One buffer refilled for every block: the writer is done with a writable chunk
-        # when its write returns, and new memory costs page faults (0.1-0.8 s of system
-        # time for a 400 MB lm_head on a vm) where refilling costs nothing.
+        # One buffer refilled for every block: the writer is done with a chunk when its
+        # write returns, and new memory costs page faults (0.1-0.8 s of system time for a
+        # 400 MB lm_head on a vm) where refilling costs nothing.
         whole = bytearray(min(len(self.rows), block) * width)
         for first in range(0, len(self.rows), block):
             rows = self.rows[first:first + block]
@@ -77,6 +82,45 @@ class GatherRows(Recipe):
             _place_runs(buf, width, ckpt, info, [(j, row) for j, row in enumerate(rows) if row >= 0])
             fill.place(buf, [(j, target) for j, (row, target) in enumerate(zip(rows, targets)) if row < 0])
             yield buf
+
+
+    def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
+        """Runs of rows as kernel copies when the source (and a ``rows_of`` fill without a
+        cast) are local files: for a vocabulary alignment most rows come in runs, and a
+        kernel copy costs half what a read into memory and a write cost."""
+        ckpt = plan.checkpoints[self.source]
+        info = ckpt.tensors[self.key]
+        path = ckpt.local_path(info.file)
+        if path is None or info.offset < 0:
+            return None
+        fill: tuple[Any, Any, Any] | None = None
+        if self.fill is not None and self.fill.init == "rows_of" and self.rows_filled:
+            assert self.fill.rows_of is not None and self.fill.tensor is not None
+            other = plan.checkpoints[self.fill.rows_of]
+            other_info = other.tensors[self.fill.tensor]
+            other_path = other.local_path(other_info.file)
+            if other_path is None or other_info.offset < 0 or other_info.dtype != info.dtype:
+                return None
+            fill = (other, other_info, other_path)
+        return self._pieces(plan, (ckpt, info, path), fill)
+
+    def _pieces(self, plan: Sources, source: tuple[Any, Any, Any],
+                fill: tuple[Any, Any, Any] | None) -> Iterator[Piece]:
+        width = source[1].row_nbytes
+        filler = _Filler(self, plan, source[1].dtype, source[1].shape[1:], width)
+        for present, group in groupby(zip(self.rows, self.targets), key=lambda pair: pair[0] >= 0):
+            pairs = list(group)
+            if present:
+                yield from _row_pieces(source, [row for row, _ in pairs], width)
+            elif fill is not None:
+                yield from _row_pieces(fill, [target for _, target in pairs], width)
+            else:
+                block = max(1, CHUNK_BYTES // max(1, width))
+                for first in range(0, len(pairs), block):
+                    count = min(block, len(pairs) - first)
+                    buf = memoryview(bytearray(count * width))
+                    filler.place(buf, [(j, target) for j, (_, target) in enumerate(pairs[first:first + count])])
+                    yield buf
 
 
 def _place_runs(buf: memoryview, width: int, ckpt: Any, info: Any, pairs: list[tuple[int, int]],
@@ -96,6 +140,26 @@ def _place_runs(buf: memoryview, width: int, ckpt: Any, info: Any, pairs: list[t
         return
     for (pos, _, count), blob in zip(runs, ckpt.read_runs(info, spans), strict=True):
         buf[pos * width:(pos + count) * width] = cast_bytes(blob, *cast)
+
+
+def _row_pieces(where: tuple[Any, Any, Any], rows: list[int], width: int) -> Iterator[Piece]:
+    """Rows ``rows`` of a local tensor ``where`` = (checkpoint, info, path), in order: a
+    kernel copy per long run of adjacent rows, the short runs read in between."""
+    ckpt, info, path = where
+    for first, count in _runs(rows):
+        if count * width >= KERNEL_ROWS_MIN:
+            yield (path, info.offset + first * width, count * width)
+        else:
+            yield ckpt.read(info, first * width, count * width)
+
+
+def _runs(rows: list[int]) -> Iterator[tuple[int, int]]:
+    """``(first, count)`` for each run of adjacent ids in ``rows``, in order."""
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            yield rows[start], i - start
+            start = i
 
 
 class _Filler:

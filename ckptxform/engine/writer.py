@@ -3,7 +3,8 @@
 ``ShardWriter`` writes the header from the layout, then the executor streams each
 tensor's bytes to its offset chunk by chunk (``pwrite``) or has the kernel copy them from
 a source file (``copy_from``), so memory stays bounded by a chunk. Every tensor is hashed
-(BLAKE3, or sha256 on request: ckptxform.tensor_digest) on background threads while the bytes move.
+(BLAKE3, or sha256 on request: ckptxform.tensor_digest) from the output file, on background
+threads, while the next bytes move.
 
 Example::
 
@@ -27,7 +28,6 @@ import os
 import signal
 import sys
 import threading
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -45,32 +45,28 @@ from ..tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
 from .layout import OutputLayout, TensorPlacement
 from .outdir import io_error
 
-#: chunks at least this big are hashed on a hash thread; below it the hand-off costs
-#: more than it saves
-_ASYNC_HASH_MIN = 1 << 20
-#: chunks still being hashed when ``write`` returns: one overlaps hashing with the
-#: caller reading the next chunk; more only holds memory
-_HASH_PIPELINE_DEPTH = 1
-
 #: hash threads; each tensor is hashed on one of them, in order, so two tensors hash at
 #: once: BLAKE3 outruns the kernel copy on one, sha256 (~1.2 GB/s a core) needs both cores
 _HASH_THREADS = 2
-
+#: a tensor's bytes are hashed once this many more are in the file (and when it is
+#: finished), through a mapping of at most this many bytes at a time (mapped pages count
+#: in the RSS)
+_HASH_WINDOW = 16 << 20
 #: bytes copied in the kernel at once: each piece is hashed while the next one copies,
 #: and another thread's write to the same file waits at most one piece
 _COPY_PIECE = 64 << 20
-#: bytes of the output mapped at once to hash them (mapped pages count in the RSS)
-_HASH_WINDOW = 16 << 20
 #: bytes copied at once where the kernel cannot copy
 _COPY_BLOCK = 8 << 20
+#: writes at least this big start their writeback at once (when OUT is fsynced)
+_WRITEBACK_MIN = 1 << 20
 
 
 def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
     """Feed bytes ``offset:offset+length`` of output file ``fd`` to ``hasher``, read where the
-    copy just put them: through a mapping of the page cache, so the bytes are not copied
-    again (a second read of a copied range costs as much system time as hashing it). The
-    file is this run's own temporary output, which nobody truncates under the mapping; a
-    source file never is mapped (a truncated source would be SIGBUS, not an error)."""
+    write or copy just put them: through a mapping of the page cache, so the bytes are not
+    copied again (a second read of a copied range costs as much system time as hashing it).
+    The file is this run's own temporary output, which nobody truncates under the mapping;
+    a source file never is mapped (a truncated source would be SIGBUS, not an error)."""
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: one fault, not one per page
     end = offset + length
     while offset < end:
@@ -143,11 +139,12 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
 
 
 class _TensorState:
-    __slots__ = ("digest", "finished", "hasher", "hashes", "lane", "placement", "written")
+    __slots__ = ("digest", "finished", "hashed", "hasher", "hashes", "lane", "placed", "placement", "written")
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
         self.placement = placement
-        self.written = 0
+        #: bytes given to ``write``/``copy_from`` so far; of those, in the file; of those, hashed
+        self.written = self.placed = self.hashed = 0
         self.hasher = new_hasher(algorithm)
         self.finished = False
         self.digest = ""
@@ -155,10 +152,6 @@ class _TensorState:
         self.lane: ThreadPoolExecutor | None = None
         #: its hash jobs on that thread, in order
         self.hashes: list[Future[None]] = []
-
-    def hashing(self) -> bool:
-        """Whether a hash job of this tensor may still be running (they finish in order)."""
-        return bool(self.hashes) and not self.hashes[-1].done()
 
 
 class WriteTarget(Protocol):
@@ -212,12 +205,11 @@ class ShardWriter:
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
     is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS).
 
-    Nothing waits for a hash before ``close``: each tensor is hashed on one of two hash
-    threads, in order (the hashers release the GIL), large written chunks from the
-    caller's buffer and copied ranges from the output's page cache, while the next bytes
-    move. Writes into one file are serialised (a copy a piece at a time): two threads
-    writing one inode at once spin on its lock, which cost up to 0.8 s of system time per
-    2 GB.
+    Every byte is hashed from the output file, where it landed: a tensor's bytes a window
+    at a time as they arrive, on one of two hash threads (the hashers release the GIL),
+    while the next bytes move. So nothing waits for a hash before ``close``, a caller may
+    refill its buffer as soon as ``write`` returns, and a copied byte is read once, by the
+    copy. Writes into one file are serialised (a copy a piece at a time).
     """
 
     def __init__(self, out: WriteTarget, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
@@ -231,8 +223,6 @@ class ShardWriter:
         self._src_fds: dict[Path, int] = {}
         self._lanes: list[ThreadPoolExecutor] = []
         self._lanes_used = 0
-        #: hash jobs of written chunks, oldest first: they hold the caller's buffers
-        self._pending: deque[Future[None]] = deque()
         self._old_sigxfsz: Any = None
         self._closed = False
         self._lock = threading.Lock()
@@ -271,57 +261,33 @@ class ShardWriter:
             self._release()
 
     def write(self, key: str, chunk: bytes | bytearray | memoryview) -> None:
-        """Write the next ``len(chunk)`` bytes of tensor ``key``. A writable ``chunk`` may be
-        refilled as soon as this returns; a read-only one must not change until ``close``."""
+        """Write the next ``len(chunk)`` bytes of tensor ``key`` (the caller may reuse ``chunk``
+        once this returns)."""
         view = memoryview(chunk).cast("B")
-        size = view.nbytes
-        # Bookkeeping under the lock (two threads may write different tensors); the
-        # write itself outside it.
-        with self._lock:
-            state = self._state(key)
-            place = state.placement
-            self._check_room(state, size)
-            if size >= _ASYNC_HASH_MIN or state.hashing():
-                self._pending.append(self._hash_later(state, state.hasher.update, view))
-            else:  # small, and nothing of this tensor is still hashing: hash it here
-                state.hasher.update(view)
-            offset = place.offset + state.written
-            state.written += size
-            self.bytes_written += size
-        fd = self._fds[place.file]
+        state, offset = self._reserve(key, view.nbytes)
+        file = state.placement.file
         try:
-            with self._file_locks[place.file]:
-                self._pwrite_all(fd, view, offset)
+            with self._file_locks[file]:
+                self._pwrite_all(self._fds[file], view, offset)
         except OSError as err:
-            raise self._error(place.file, err) from None
-        self._start_writeback(fd, offset, size)
-        # a writable buffer may be refilled by the caller as soon as we return
-        with self._lock:
-            self._drain(_HASH_PIPELINE_DEPTH if view.readonly else 0)
+            raise self._error(file, err) from None
+        self._placed(state, offset, view.nbytes)
 
     def copy_from(self, key: str, src: Path, src_offset: int, length: int) -> None:
         """Write the next ``length`` bytes of tensor ``key`` by copying them from file ``src``
         at ``src_offset`` inside the kernel (``copy_file_range``: no trip through Python
-        memory, as ``cp`` does), a piece at a time; each piece is hashed where it landed
-        while the next one copies."""
+        memory, as ``cp`` does), a piece at a time."""
         src_fd = self._source_fd(src)
-        with self._lock:
-            state = self._state(key)
-            place = state.placement
-            self._check_room(state, length)
-            dst_fd, dst_offset = self._fds[place.file], place.offset + state.written
-            state.written += length
-            self.bytes_written += length
+        state, dst_offset = self._reserve(key, length)
+        file = state.placement.file
         for done in range(0, length, _COPY_PIECE):
             piece = min(_COPY_PIECE, length - done)
             try:
-                with self._file_locks[place.file]:
-                    _copy_range(src_fd, src_offset + done, dst_fd, dst_offset + done, piece, src)
+                with self._file_locks[file]:
+                    _copy_range(src_fd, src_offset + done, self._fds[file], dst_offset + done, piece, src)
             except OSError as err:
-                raise self._error(place.file, err) from None
-            with self._lock:
-                self._hash_later(state, self._hash_copied, state.hasher, place.file, dst_offset + done, piece)
-            self._start_writeback(dst_fd, dst_offset + done, piece)
+                raise self._error(file, err) from None
+            self._placed(state, dst_offset + done, piece)
 
     def finish_tensor(self, key: str) -> None:
         """Check that all of tensor ``key`` was written (its hash may still be running)."""
@@ -331,6 +297,7 @@ class ShardWriter:
             if state.written != place.nbytes:
                 raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected {_size(place)}", key=key)
             state.finished = True
+            self._hash_placed(state)
 
     def digest(self, key: str) -> str:
         """The digest (hex, of ``algorithm``) of finished tensor ``key``, once its hashing is done."""
@@ -354,8 +321,6 @@ class ShardWriter:
         if self._closed:
             return
         try:
-            with self._lock:
-                self._drain(0)
             unfinished = [k for k, s in self._tensors.items() if not s.finished]
             if unfinished:
                 detail = "; ".join(f"{k!r} {self._tensors[k].written} of "
@@ -379,16 +344,40 @@ class ShardWriter:
             self.layout.placement(key)  # raises the message
             raise
 
-    def _hash_later(self, state: _TensorState, job: Any, *args: Any) -> Future[None]:
-        """Run ``job(*args)`` on ``state``'s hash thread, after its earlier hash jobs (under the lock)."""
+    def _reserve(self, key: str, size: int) -> tuple[_TensorState, int]:
+        """Claim the next ``size`` bytes of tensor ``key``: its state and their file offset
+        (under the lock: two threads may write different tensors)."""
+        with self._lock:
+            state = self._state(key)
+            self._check_room(state, size)
+            offset = state.placement.offset + state.written
+            state.written += size
+            self.bytes_written += size
+            return state, offset
+
+    def _placed(self, state: _TensorState, offset: int, size: int) -> None:
+        """``size`` bytes of ``state``'s tensor are in the file at ``offset``."""
+        with self._lock:
+            state.placed += size
+            if state.placed - state.hashed >= _HASH_WINDOW:
+                self._hash_placed(state)
+        self._start_writeback(self._fds[state.placement.file], offset, size)
+
+    def _hash_placed(self, state: _TensorState) -> None:
+        """Hash the bytes of ``state``'s tensor placed since its last hash job, on its hash
+        thread, after its earlier jobs (under the lock)."""
+        size = state.placed - state.hashed
+        if not size:
+            return
         if state.lane is None:  # tensors take the threads in turn
             state.lane = self._lanes[self._lanes_used % len(self._lanes)]
             self._lanes_used += 1
-        future = state.lane.submit(job, *args)
-        state.hashes.append(future)
-        return future
+        place = state.placement
+        state.hashes.append(state.lane.submit(self._hash_range, state.hasher, place.file,
+                                              place.offset + state.hashed, size))
+        state.hashed = state.placed
 
-    def _hash_copied(self, hasher: Hasher, file: str, offset: int, length: int) -> None:
+    def _hash_range(self, hasher: Hasher, file: str, offset: int, length: int) -> None:
         try:
             _hash_written(hasher, self._fds[file], offset, length)
         except OSError as err:
@@ -414,12 +403,8 @@ class ShardWriter:
     def _start_writeback(self, fd: int, offset: int, length: int) -> None:
         # When OUT will be fsynced anyway, have the disk start on these bytes now: it then
         # works while we copy and hash, and the final fsync finds little left to do.
-        if self.out.fsync and length >= _ASYNC_HASH_MIN:
+        if self.out.fsync and length >= _WRITEBACK_MIN:
             _sync_file_range_write(fd, offset, length)
-
-    def _drain(self, keep: int) -> None:
-        while len(self._pending) > keep:
-            self._pending.popleft().result()
 
     @staticmethod
     def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -435,7 +420,6 @@ class ShardWriter:
         self._closed = True
         for lane in self._lanes:
             lane.shutdown(wait=True, cancel_futures=True)
-        self._pending.clear()
         for fd in (*self._fds.values(), *self._src_fds.values()):
             os.close(fd)
         self._fds.clear()

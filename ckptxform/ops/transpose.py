@@ -115,7 +115,7 @@ class _LocalTiles:
         os.close(self.fd)
 
     def tile(self, b: int, c0: int, count: int) -> memoryview:
-        """The tile, in a new buffer (read-only: the writer may hash it after write returns)."""
+        """The tile, in a new buffer (read-only: the caller may still hold it when the next tile is made)."""
         import numpy as np
 
         from ..fileio import read_into
