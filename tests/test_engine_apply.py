@@ -233,32 +233,31 @@ def test_missing_rows_normal_is_seeded(small: HeadlineStandins, small_expected: 
 
 @pytest.mark.parametrize("fill", [MISSING_ROWS_FROM_VERIFIER, "missing_rows: {init: zeros}",
                                   "missing_rows: {init: mean}", "missing_rows: {init: normal, seed: 3}"])
-def test_permuted_rows_are_the_same_bytes_by_kernel_copies_reads_or_the_stream(
+def test_permuted_rows_are_the_same_bytes_by_kernel_copies_or_the_stream(
         fill: str, small: HeadlineStandins, small_expected: dict[str, Any], rule_variant: Callable[..., Path],
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A local lm_head is gathered by kernel copies of its row runs (long runs) and reads
-    (short ones), or streamed through memory (a Hub source, a cast): the same bytes."""
+    """A local lm_head is gathered by kernel copies of its row runs, a Hub one (or with a
+    cast) streamed through memory: the same bytes."""
     import ckptxform.engine.gather as gather
     from ckptxform.engine.writer import ShardWriter
 
     rule = rule_variant({MISSING_ROWS_FROM_VERIFIER: fill}) if fill != MISSING_ROWS_FROM_VERIFIER else rule_variant({})
     copied: list[str] = []
-    real_copy = ShardWriter.copy_from
+    real_copy = ShardWriter.copy_runs
 
-    def copy_from(self: ShardWriter, key: str, *args: Any) -> None:
+    def copy_runs(self: ShardWriter, key: str, *args: Any) -> None:
         copied.append(key)
         real_copy(self, key, *args)
 
-    monkeypatch.setattr(ShardWriter, "copy_from", copy_from)
+    monkeypatch.setattr(ShardWriter, "copy_runs", copy_runs)
     outputs = {}
-    for how, threshold in (("kernel", 0), ("reads", 1 << 40), ("stream", 0)):
-        monkeypatch.setattr(gather, "KERNEL_ROWS_MIN", threshold)
+    for how in ("kernel", "stream"):
         if how == "stream":
             monkeypatch.setattr(gather.GatherRows, "local_pieces", lambda self, plan: None)
         copied.clear()
         outputs[how] = apply_variant(rule, tmp_path / how, small.sources)["lm_head.weight"]
         assert ("lm_head.weight" in copied) == (how == "kernel"), how
-    assert same_bits(outputs["kernel"], outputs["reads"]) and same_bits(outputs["kernel"], outputs["stream"])
+    assert same_bits(outputs["kernel"], outputs["stream"])
     missing, carried = missing_positions(small)
     assert same_bits(outputs["kernel"][carried], small_expected["lm_head.weight"][carried])
     if fill == MISSING_ROWS_FROM_VERIFIER:

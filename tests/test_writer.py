@@ -317,6 +317,32 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
         assert tensor_bytes(f.get_tensor("w")) == data
 
 
+@pytest.mark.parametrize("algorithm", DIGESTS)
+def test_copy_runs_places_scattered_runs_in_order(algorithm: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row gather's runs: short ones batched into pieces, a long one split, in order."""
+    import ckptxform.engine.writer as writer
+
+    monkeypatch.setattr(writer, "_COPY_PIECE", 64 << 10)
+    src = tmp_path / "rows.bin"
+    data = os.urandom(MiB)
+    src.write_bytes(data)
+    runs = [(7 * 4096, 4096), (0, 100), (500_000, 200_000), (3, 1), (900_000, 30_000)] * 3
+    want = b"".join(data[offset:offset + length] for offset, length in runs)
+    layout = plan_layout([u8("rows", len(want)), u8("after", 3)], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
+            shards.copy_runs("rows", src, runs)
+            shards.finish_tensor("rows")
+            shards.write("after", b"xyz")
+            shards.finish_tensor("after")
+        od.commit()
+    assert shards.digest("rows") == reference_digest(algorithm, want)
+    with safe_open(tmp_path / "out" / "model.safetensors", "pt") as f:
+        assert tensor_bytes(f.get_tensor("rows")) == want
+        assert tensor_bytes(f.get_tensor("after")) == b"xyz"
+
+
 def test_write_json_puts_config_next_to_the_weights_and_refuses_weight_names(tmp_path: Path) -> None:
     layout = plan_layout([], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -162,19 +163,22 @@ def write_outputs(outputs: list[OutputPlan], plan: Plan, writer: ShardWriter,
 def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter,
                   progress: Callable[[int], None] | None, stop: threading.Event) -> None:
     """Byte runs of local files: in the kernel, never through Python memory (short runs
-    between them through a small buffer)."""
+    between them through a small buffer). Consecutive runs of one file go to the writer
+    together, which copies them with one system call each and no more."""
     for o, pieces in outputs:
-        for piece in pieces:
+        for path, group in groupby(pieces, key=lambda piece: piece[0] if isinstance(piece, tuple) else None):
             if stop.is_set():
                 return
-            if isinstance(piece, tuple):
-                path, offset, length = piece
-                writer.copy_from(o.key, path, offset, length)
-            else:
-                writer.write(o.key, piece)
-                length = len(piece)
+            if path is None:
+                for chunk in group:
+                    writer.write(o.key, chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+                continue
+            runs = [(offset, length) for _, offset, length in group]
+            writer.copy_runs(o.key, path, runs)
             if progress is not None:
-                progress(length)
+                progress(sum(length for _, length in runs))
         writer.finish_tensor(o.key)
 
 

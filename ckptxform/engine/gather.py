@@ -1,8 +1,9 @@
 """GatherRows: an output whose rows are a source tensor's rows reordered by two vocabulary
 maps (``permute_rows``), the rows of tokens the source lacks filled per ``missing_rows``.
 
-Rows are read a bounded block at a time, each run of adjacent rows straight into place;
-only the ``mean`` and ``normal`` fills and a cast of borrowed rows decode values.
+From local files each run of adjacent rows is a kernel copy; otherwise rows are read a
+bounded block at a time, each run straight into place. Only the ``mean`` and ``normal``
+fills and a cast of borrowed rows decode values.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError, printable
 from ..ops.decode import cast_bytes, tensor_bytes
 from ..rules.model import MissingRows
+from ..sources.base import TensorInfo
 from .recipes import CHUNK_BYTES, Chunk, Piece, Recipe, Sources, TensorRef
-
-#: runs of rows at least this long are copied by the kernel when their file is local;
-#: shorter ones are read into memory (a kernel copy of 4 KiB costs a read and a write)
-KERNEL_ROWS_MIN = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -86,14 +85,14 @@ class GatherRows(Recipe):
 
     def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
         """Runs of rows as kernel copies when the source (and a ``rows_of`` fill without a
-        cast) are local files: for a vocabulary alignment most rows come in runs, and a
-        kernel copy costs half what a read into memory and a write cost."""
+        cast) are local files: a read into memory and a write of the rows cost twice the
+        kernel copy, and new memory for them is slow to fault in on a vm."""
         ckpt = plan.checkpoints[self.source]
         info = ckpt.tensors[self.key]
         path = ckpt.local_path(info.file)
         if path is None or info.offset < 0:
             return None
-        fill: tuple[Any, Any, Any] | None = None
+        fill: tuple[TensorInfo, Path] | None = None
         if self.fill is not None and self.fill.init == "rows_of" and self.rows_filled:
             assert self.fill.rows_of is not None and self.fill.tensor is not None
             other = plan.checkpoints[self.fill.rows_of]
@@ -101,13 +100,13 @@ class GatherRows(Recipe):
             other_path = other.local_path(other_info.file)
             if other_path is None or other_info.offset < 0 or other_info.dtype != info.dtype:
                 return None
-            fill = (other, other_info, other_path)
-        return self._pieces(plan, (ckpt, info, path), fill)
+            fill = (other_info, other_path)
+        return self._pieces(plan, (info, path), fill)
 
-    def _pieces(self, plan: Sources, source: tuple[Any, Any, Any],
-                fill: tuple[Any, Any, Any] | None) -> Iterator[Piece]:
-        width = source[1].row_nbytes
-        filler = _Filler(self, plan, source[1].dtype, source[1].shape[1:], width)
+    def _pieces(self, plan: Sources, source: tuple[TensorInfo, Path],
+                fill: tuple[TensorInfo, Path] | None) -> Iterator[Piece]:
+        width = source[0].row_nbytes
+        filler = _Filler(self, plan, source[0].dtype, source[0].shape[1:], width)
         for present, group in groupby(zip(self.rows, self.targets), key=lambda pair: pair[0] >= 0):
             pairs = list(group)
             if present:
@@ -142,15 +141,13 @@ def _place_runs(buf: memoryview, width: int, ckpt: Any, info: Any, pairs: list[t
         buf[pos * width:(pos + count) * width] = cast_bytes(blob, *cast)
 
 
-def _row_pieces(where: tuple[Any, Any, Any], rows: list[int], width: int) -> Iterator[Piece]:
-    """Rows ``rows`` of a local tensor ``where`` = (checkpoint, info, path), in order: a
-    kernel copy per long run of adjacent rows, the short runs read in between."""
-    ckpt, info, path = where
+def _row_pieces(where: tuple[TensorInfo, Path], rows: list[int], width: int) -> Iterator[Piece]:
+    """Rows ``rows`` of a local tensor ``where`` = (its info, its file), in order: a kernel
+    copy per run of adjacent rows (one system call, as a read would be, and no copy
+    through memory)."""
+    info, path = where
     for first, count in _runs(rows):
-        if count * width >= KERNEL_ROWS_MIN:
-            yield (path, info.offset + first * width, count * width)
-        else:
-            yield ckpt.read(info, first * width, count * width)
+        yield (path, info.offset + first * width, count * width)
 
 
 def _runs(rows: list[int]) -> Iterator[tuple[int, int]]:

@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -277,17 +278,36 @@ class ShardWriter:
         """Write the next ``length`` bytes of tensor ``key`` by copying them from file ``src``
         at ``src_offset`` inside the kernel (``copy_file_range``: no trip through Python
         memory, as ``cp`` does), a piece at a time."""
+        self.copy_runs(key, src, [(src_offset, length)])
+
+    def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
+        """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
+        ``src`` in turn, copied inside the kernel; runs of at most _COPY_PIECE bytes together
+        are one piece (the many short runs of a row gather cost a system call each, no more)."""
+        runs = [(offset + done, min(_COPY_PIECE, length - done))  # a long run is several pieces
+                for offset, length in runs for done in range(0, length, _COPY_PIECE)]
         src_fd = self._source_fd(src)
-        state, dst_offset = self._reserve(key, length)
+        state, dst_offset = self._reserve(key, sum(length for _, length in runs))
         file = state.placement.file
-        for done in range(0, length, _COPY_PIECE):
-            piece = min(_COPY_PIECE, length - done)
+        dst_fd = self._fds[file]
+        piece: list[tuple[int, int]] = []
+        size = 0
+        for i, run in enumerate(runs):
+            piece.append(run)
+            size += run[1]
+            if i + 1 < len(runs) and size + runs[i + 1][1] <= _COPY_PIECE:
+                continue
             try:
                 with self._file_locks[file]:
-                    _copy_range(src_fd, src_offset + done, self._fds[file], dst_offset + done, piece, src)
+                    at = dst_offset
+                    for offset, length in piece:
+                        _copy_range(src_fd, offset, dst_fd, at, length, src)
+                        at += length
             except OSError as err:
                 raise self._error(file, err) from None
-            self._placed(state, dst_offset + done, piece)
+            self._placed(state, dst_offset, size)
+            dst_offset += size
+            piece, size = [], 0
 
     def finish_tensor(self, key: str) -> None:
         """Check that all of tensor ``key`` was written (its hash may still be running)."""
