@@ -42,6 +42,7 @@ from ckptxform.errors import (
     quote_keys,
 )
 
+from ..fileio import hash_range
 from ..tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
 from .layout import OutputLayout, TensorPlacement
 from .outdir import io_error
@@ -67,15 +68,21 @@ def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
     write or copy just put them: through a mapping of the page cache, so the bytes are not
     copied again (a second read of a copied range costs as much system time as hashing it).
     The file is this run's own temporary output, which nobody truncates under the mapping;
-    a source file never is mapped (a truncated source would be SIGBUS, not an error)."""
+    a source file never is mapped (a truncated source would be SIGBUS, not an error). Where
+    the filesystem cannot map files, the bytes are read back instead."""
     flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: one fault, not one per page
     end = offset + length
     while offset < end:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         size = min(end, start + _HASH_WINDOW) - start
-        with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ, offset=start) as mapping:
-            with memoryview(mapping) as whole, whole[offset - start:] as view:
-                hasher.update(view)
+        try:
+            mapping = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ, offset=start)
+        except OSError:  # e.g. ENODEV: a FUSE or network filesystem without mmap
+            if hash_range(hasher, fd, offset, end - offset) < end - offset:
+                raise OSError(errno.EIO, "the file is shorter than what was written to it") from None
+            return
+        with mapping, memoryview(mapping) as whole, whole[offset - start:] as view:
+            hasher.update(view)
         offset = start + size
 
 
