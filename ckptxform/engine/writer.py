@@ -54,9 +54,10 @@ _HASH_THREADS = 2
 #: finished), through a mapping of at most this many bytes at a time (mapped pages count
 #: in the RSS)
 _HASH_WINDOW = 16 << 20
-#: bytes copied in the kernel at once: each piece is hashed while the next one copies,
-#: and another thread's write to the same file waits at most one piece
-_COPY_PIECE = 64 << 20
+#: bytes copied in the kernel at once: each piece is hashed while the next one copies
+#: (so a shard's last hash ends ~3 ms after its last copy), and another thread's write to
+#: the same file waits at most one piece
+_COPY_PIECE = 16 << 20
 #: bytes copied at once where the kernel cannot copy
 _COPY_BLOCK = 8 << 20
 #: writes at least this big start their writeback at once (when OUT is fsynced)
