@@ -3,7 +3,8 @@ stopped by the handles of the processes it started, never ``ray stop``).
 
 Needs the 'ray' extra (``pip install torch==2.13.0 -e ".[test,ray]"``); CI runs it in its
 own step (``pytest -m ray``). Same stand-ins and rules as tests/test_resume.py: outputs are
-compared byte for byte with its uninterrupted ``--jobs 1`` run.
+compared byte for byte with its uninterrupted ``--jobs 1`` run; the Hub cases are those of
+tests/test_hub_shards.py, against its ``--jobs 1`` run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_hub_e2e import Served, served  # noqa: F401 (fixture: served)
+from test_hub_shards import (  # noqa: F401 (fixtures: one_process, sharded_rule)
+    SHARDS, apply_from_hub, assert_one_task_failed, assert_same_output, changed_on_the_cdn, fetches, one_process,
+    sharded_rule, written_shard)
 from test_resume import (  # noqa: F401 (fixtures: reference, rules, standins)
     cmdline, command, files, job_dirs, reference, rules, run, run_killing_one, standins)
 
@@ -58,10 +63,42 @@ def test_output_and_audit_are_the_local_executors(rules: Path, standins: Headlin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_a_task_error_is_one_clean_error_naming_the_shard_and_no_output(
+def test_an_exception_in_one_task_is_one_clean_error_naming_its_shard_and_no_output(
+        served: Served, sharded_rule: Path, one_process: Path, cluster: Any, tmp_path: Path) -> None:
+    """The verifier's file changes on the CDN after the plan read its header (why this
+    failure: tests/test_hub_shards.py, where ``--jobs 2`` meets it too): only the task that
+    reads its rows fails, with the error ``--jobs 2`` gives; the others finish or are
+    cancelled, and a rerun keeps those that finished."""
+    shard = written_shard(one_process, "lm_head.weight")
+    try:
+        reason = changed_on_the_cdn(served, tmp_path)
+        proc = apply_from_hub(served, sharded_rule, tmp_path, "--executor", "ray", "--ray-address", cluster.address)
+    finally:
+        served.server.clear_faults()
+    kept = assert_one_task_failed(proc, tmp_path, shard, reason)
+
+    again = apply_from_hub(served, sharded_rule, tmp_path, "--executor", "ray", "--ray-address", cluster.address,
+                           "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["shards_kept"] == kept
+    assert_same_output(tmp_path / "out", one_process)
+
+
+def test_a_hub_sources_output_and_audit_are_the_local_executors(
+        served: Served, sharded_rule: Path, one_process: Path, cluster: Any, tmp_path: Path) -> None:
+    """The tasks take the run's HF_* settings (which Hub, which cache) and send their
+    fetch events back in their records: the audit is one process's."""
+    proc = apply_from_hub(served, sharded_rule, tmp_path, "--executor", "ray", "--ray-address", cluster.address)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_output(tmp_path / "out", one_process)
+    assert len(fetches(tmp_path / "out")) == SHARDS + 1
+
+
+def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_error(
         rules: Path, standins: HeadlineStandins, cluster: Any, tmp_path: Path) -> None:
     """The drafter's weights change after the run planned them: every task plans again,
-    sees other weights and refuses; the run reports one task's error, naming its shard."""
+    sees other weights and refuses; the run reports one task's error, naming its shard,
+    and leaves nothing (no shard finished, so there is nothing to resume)."""
     import shutil
 
     from ckptxform import api

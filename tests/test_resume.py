@@ -191,6 +191,22 @@ def test_a_finished_shard_changed_after_the_kill_is_written_again(
     assert files(out) == reference
 
 
+def test_a_record_of_an_earlier_format_is_not_kept(rules: Path, standins: HeadlineStandins,
+                                                  reference: dict[str, str], tmp_path: Path) -> None:
+    """A record without ``fetches`` (written before records carried a task's fetch events)
+    does not say how its shard's Hub bytes were fetched: its shard is written again."""
+    out = tmp_path / "out"
+    job, finished = interrupted(command(rules, standins, out, "--jobs", "1"), out, 3)
+    record = sorted(job.glob("*.record.json"))[0]
+    fields = json.loads(record.read_text())
+    assert fields.pop("fetches") == []  # local sources: nothing fetched
+    record.write_text(json.dumps(fields))
+    again = run(command(rules, standins, out, "--json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["shards_kept"] == finished - 1
+    assert files(out) == reference
+
+
 def test_a_worker_killed_mid_run_is_one_clean_error_and_the_rerun_finishes(
         rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"

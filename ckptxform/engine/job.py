@@ -26,7 +26,7 @@ from .jobdir import JobDir, ShardRecord
 from .layout import OutputLayout
 from .outdir import OutputDir
 from .planner import Plan
-from .shards import ShardTask, default_jobs, run_in_processes, run_inline
+from .shards import ShardTask, default_jobs, first_etags, run_in_processes, run_inline
 from .writer import write_index, write_json_file
 
 EXECUTORS = ("local", "ray")
@@ -111,7 +111,8 @@ def _tasks(plan: Plan, layout: OutputLayout, job: JobDir, records: dict[str, Sha
     if kept:
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
                     job.path, len(kept), len(indices))
-    return [ShardTask(plan.rules, job, i, layout.shards[i].file) for i in indices
+    etags = first_etags(plan)
+    return [ShardTask(plan.rules, job, i, layout.shards[i].file, etags) for i in indices
             if layout.shards[i].file not in records]
 
 
@@ -174,9 +175,8 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         audit.event(run_event(plan, started, digest))
         for tensor_record in plan.records:
             audit.event(tensor_record.to_event())
-        for name in sorted(plan.checkpoints):  # how Hub files were fetched (by this process)
-            for event in plan.checkpoints[name].fetch_events():
-                audit.event(event)
+        for event in _fetch_events(layout, records):
+            audit.event(event)
         for item in written:
             audit.event(item.to_event())
         for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:
@@ -193,6 +193,13 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         raise
     audit.close()
     return written, copied, odir.commit()
+
+
+def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list[dict[str, Any]]:
+    """How the shards' Hub bytes were fetched, by whichever process wrote each shard (its
+    record), in an order no executor changes: by source, then shard."""
+    events = [event for shard in layout.shards for event in records[shard.file].fetches]
+    return sorted(events, key=lambda event: str(event["source"]))
 
 
 def _progress_bar(total: int, enabled: bool) -> Any:

@@ -4,12 +4,14 @@
 version, the rules, each source's location, commit and weight fingerprint, the output
 layout, the digest algorithm). A shard is written under ``partial/``, flushed, renamed
 into the job directory, and only then given its record (``FILE.record.json``: size,
-header, per-tensor digests), so a record always describes a whole shard. A rerun of the
-same command keeps every shard whose record and file still match and writes the rest; a
-job of another plan is discarded with the reason. The final commit hard-links the shards
-into OUT's temporary sibling (engine/outdir.py); the job directory goes once OUT is in
-place. The temporary-sibling cleanup of outdir.py matches ``-tmp-PID`` and ``-old-PID``
-only, never a job directory.
+header, per-tensor digests, how its Hub bytes were fetched), so a record always
+describes a whole shard. A rerun of the same command keeps every shard whose record and
+file still match and writes the rest; a job of another plan is discarded with the reason.
+A record of an earlier format (without ``fetches``) is not kept: its shard is written
+again, so that the audit of a resumed run never lacks a kept shard's fetch events. The
+final commit hard-links the shards into OUT's temporary sibling (engine/outdir.py); the
+job directory goes once OUT is in place. The temporary-sibling cleanup of outdir.py
+matches ``-tmp-PID`` and ``-old-PID`` only, never a job directory.
 """
 
 from __future__ import annotations
@@ -48,18 +50,21 @@ class ShardRecord:
     #: the shard file's inode and modification time when it was committed
     inode: int
     mtime_ns: int
+    #: the audit's ``fetch`` events of the Hub bytes the task read (by whichever process ran it)
+    fetches: tuple[dict[str, Any], ...]
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
                 "algorithm": self.algorithm, "digests": [list(d) for d in self.digests],
-                "inode": self.inode, "mtime_ns": self.mtime_ns}
+                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": list(self.fetches)}
 
     @classmethod
     def from_json(cls, obj: Any) -> ShardRecord | None:
         """The record ``obj`` describes, or None when it is not a well-formed record."""
         try:
             record = cls(obj["file"], obj["size"], obj["header_sha256"], obj["algorithm"],
-                         tuple((key, digest) for key, digest in obj["digests"]), obj["inode"], obj["mtime_ns"])
+                         tuple((key, digest) for key, digest in obj["digests"]), obj["inode"], obj["mtime_ns"],
+                         tuple(dict(event) for event in obj["fetches"]))
         except (KeyError, TypeError, ValueError):
             return None
         return record if record.to_json() == obj else None
@@ -157,7 +162,8 @@ class JobDir:
     def _pattern(self) -> re.Pattern[str]:
         return re.compile(re.escape(f".{self.out.name}.ckptxform-job-") + "[0-9a-f]{16}")
 
-    def commit_shard(self, shard: ShardLayout, partial: Path, digests: tuple[tuple[str, str], ...]) -> ShardRecord:
+    def commit_shard(self, shard: ShardLayout, partial: Path, digests: tuple[tuple[str, str], ...],
+                     fetches: tuple[dict[str, Any], ...]) -> ShardRecord:
         """Flush the written ``partial`` file, rename it into the job directory, then record it."""
         final = self.path / shard.file
         try:
@@ -166,7 +172,7 @@ class JobDir:
             os.replace(partial, final)
             stat = final.stat()
             record = ShardRecord(shard.file, stat.st_size, hashlib.sha256(shard.header).hexdigest(),
-                                 self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns)
+                                 self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns, fetches)
             self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json())
         except OSError as err:
             raise io_error("writing", self.out / shard.file, err) from None

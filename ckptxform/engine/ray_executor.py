@@ -5,8 +5,13 @@ ckptxform installed. Each task is a ``ShardTask`` (engine/shards.py): a worker p
 again from headers, checks its plan is the run's, writes its shard into the job
 directory and returns the shard's record. Ray retries a task whose worker or node is
 lost (``max_retries``); a task's own error is not retried and becomes one ckptxform
-error naming the shard. With no address (no ``--ray-address``, no ``RAY_ADDRESS``) a
-local Ray instance is started for the run and stopped after it, as ``ray.init()`` does.
+error naming the shard (``shards.shard_error``). With no address (no ``--ray-address``,
+no ``RAY_ADDRESS``) a local Ray instance is started for the run and stopped after it, as
+``ray.init()`` does.
+Tasks run with the run's ``HF_*`` and ``CKPTXFORM_*`` settings (which Hub, which cache,
+offline or not: a worker must plan against the Hub the run planned against), never with
+``HF_TOKEN``: a token would be kept in the cluster's metadata; each node authenticates
+with its own.
 """
 
 from __future__ import annotations
@@ -18,12 +23,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import CkptxformError, OutputError, UsageError
+from ..errors import OutputError, UsageError
 from .jobdir import ShardRecord
-from .shards import ShardTask, run_shard
+from .shards import ShardTask, run_shard, shard_error
 
 #: attempts after the first when a task's worker process or node dies
 TASK_RETRIES = 3
+#: settings of the run that its tasks take, and the secret among them that they do not
+_FORWARDED = ("HF_", "CKPTXFORM_")
+_SECRET = "HF_TOKEN"
+#: seconds the run waits for its cancelled tasks to end
+CANCEL_WAIT = 30.0
 
 
 def run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None], *,
@@ -53,7 +63,9 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
             raise OutputError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS')!r}: "
                               f"{err}; check --ray-address (or RAY_ADDRESS), or leave both unset to start a "
                               "local Ray instance") from None
-    remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False)(_ray_shard)
+    settings = {name: value for name, value in os.environ.items() if name.startswith(_FORWARDED) and name != _SECRET}
+    remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False,
+                        runtime_env={"env_vars": settings})(_ray_shard)
     refs = {remote.remote(task): task for task in tasks}
     pending = list(refs)
     try:
@@ -63,15 +75,17 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
                 try:
                     done(ray.get(ref))
                 except ray_errors.RayTaskError as err:
-                    raise _task_error(refs[ref], err.cause) from None
+                    raise shard_error(refs[ref], err.cause) from None
                 except ray_errors.RayError as err:  # the worker or node was lost more often than retried
-                    raise OutputError(f"shard {refs[ref].file!r}: the Ray worker writing it was lost "
-                                      f"{TASK_RETRIES + 1} times ({type(err).__name__}); the finished shards "
-                                      "are kept: rerun the same command to resume",
-                                      path=str(refs[ref].job.out / refs[ref].file)) from None
+                    lost = OutputError(f"the Ray worker writing it was lost {TASK_RETRIES + 1} times "
+                                       f"({type(err).__name__}); the finished shards are kept: rerun the same "
+                                       "command to resume", path=str(refs[ref].job.out / refs[ref].file))
+                    raise shard_error(refs[ref], lost) from None
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
+        if pending:  # nothing of this run may write into the job directory once it has ended
+            ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT, fetch_local=False)
         if started_here:
             ray.shutdown()
 
@@ -79,15 +93,3 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
 def _ray_shard(task: ShardTask) -> ShardRecord:
     return run_shard(task)
 
-
-def _task_error(task: ShardTask, cause: BaseException | None) -> CkptxformError:
-    """One ckptxform error naming the shard, of the type and fields of the task's own error."""
-    message = str(cause) if cause is not None else "it failed"
-    if isinstance(cause, CkptxformError):
-        if message.startswith(f"shard {task.file!r}"):
-            return cause
-        cause.message = f"shard {task.file!r}: {message}"
-        cause.args = (cause.message,)
-        return cause
-    return OutputError(f"shard {task.file!r}: {type(cause).__name__}: {message} (on the Ray cluster; rerun with "
-                       "CKPTXFORM_DEBUG=1 and report it)", path=str(task.job.out / task.file))

@@ -4,10 +4,12 @@ The plan fixes every shard's header, so a task writes one whole file: ``write_sh
 runs the shard's outputs through whatever produces their bytes (engine/execute.py), then
 commits the file to the job directory with its record (engine/jobdir.py) and returns the
 record. A ``ShardTask`` is what a worker needs, small and picklable: the rule set with the
-run's source locations, the job directory, the shard's index. A worker plans again from
-headers (once per process) and refuses to write when its plan is not the parent's, so
-workers need nothing from the parent's memory: the same tasks run in a process pool here
-and on other machines (engine/ray_executor.py).
+run's source locations, the job directory, the shard's index, and the ETags of the Hub
+files the run read first. A worker plans again from headers (once per process), refuses to
+write when its plan is not the parent's and refuses bytes of another object than the run
+read first, so workers need nothing from the parent's memory: the same tasks run in a
+process pool here and on other machines (engine/ray_executor.py). A worker's task error
+reaches the run as one error naming its shard (``shard_error``), in either executor.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from ..errors import OutputError
+from ..errors import CkptxformError, OutputError
 from ..rules.model import RuleSet
 from .jobdir import JobDir, ShardRecord, job_identity
 from .digest import run_digest
@@ -36,15 +38,23 @@ WORKER_MEMORY = 1 << 30
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Write shard ``index`` of the plan of ``rules`` into ``job`` (``file``: its name)."""
+    """Write shard ``index`` of the plan of ``rules`` into ``job`` (``file``: its name),
+    holding to ``etags``."""
 
     rules: RuleSet
     job: JobDir
     index: int
     file: str
+    #: source -> file -> ETag of the first bytes the run was served of it (Hub sources)
+    etags: Mapping[str, Mapping[str, str]]
     #: the run's working directory, where relative source locations resolve (a Ray worker
     #: starts elsewhere; on another node this path is on the shared filesystem)
     cwd: str = field(default_factory=os.getcwd)
+
+
+def first_etags(plan: Plan) -> dict[str, dict[str, str]]:
+    """What ``ShardTask.etags`` holds for the tasks of ``plan``."""
+    return {name: etags for name, ckpt in sorted(plan.checkpoints.items()) if (etags := ckpt.first_etags())}
 
 
 def write_shard(plan: Plan, layout: OutputLayout, shard: ShardLayout, job: JobDir,
@@ -54,10 +64,14 @@ def write_shard(plan: Plan, layout: OutputLayout, shard: ShardLayout, job: JobDi
 
     by_key = {o.key: o for o in plan.outputs}
     partial = job.begin_shard(shard)
+    before = {name: len(ckpt.fetch_events()) for name, ckpt in plan.checkpoints.items()}
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
         write_outputs([by_key[p.spec.key] for p in shard.tensors], plan, writer, progress)
     digests = tuple((p.spec.key, writer.digest(p.spec.key)) for p in shard.tensors)
-    return job.commit_shard(shard, partial, digests)
+    # how this shard's Hub bytes were fetched (a worker's plan serves many shards)
+    fetches = tuple(event for name in sorted(plan.checkpoints)
+                    for event in plan.checkpoints[name].fetch_events()[before[name]:])
+    return job.commit_shard(shard, partial, digests, fetches)
 
 
 def run_shard(task: ShardTask) -> ShardRecord:
@@ -82,11 +96,27 @@ def _plan_of(task: ShardTask) -> tuple[Plan, OutputLayout]:
         layout = layout_of(plan)
         if job_identity(layout, task.job.identity["algorithm"], run_digest(plan)) != task.job.identity:
             plan.close()
-            raise OutputError(f"shard {task.file!r}: the sources or rules changed while the run was going "
-                              "(a worker planned something else than the run did); rerun the command",
+            raise OutputError("the sources or rules changed while the run was going (a worker planned "
+                              "something else than the run did); rerun the command",
                               path=str(task.job.out / task.file))
+        for name, etags in task.etags.items():
+            plan.checkpoints[name].expect_etags(etags)
         cached = _PLANS[task.job.digest] = (plan, layout)
     return cached
+
+
+def shard_error(task: ShardTask, err: BaseException | None) -> CkptxformError:
+    """The one error a worker's task that raised ``err`` (None: unknown) ends the run
+    with: its own ckptxform error with the shard named first, else an OutputError naming
+    the shard and what was raised (a bug)."""
+    prefix = f"shard {task.file!r}: "
+    if isinstance(err, CkptxformError):
+        err.message = prefix + err.message
+        err.args = (err.message,)
+        return err
+    what = f"{type(err).__name__}: {err}" if err is not None else "the task failed"
+    return OutputError(f"{prefix}{what} (rerun with CKPTXFORM_DEBUG=1 and report it)",
+                       path=str(task.job.out / task.file))
 
 
 def default_jobs(shards: int) -> int:
@@ -107,8 +137,8 @@ def _available_memory() -> int:
 
 def run_in_processes(tasks: Sequence[ShardTask], jobs: int, done: Callable[[ShardRecord], None]) -> None:
     """Run ``tasks`` in ``jobs`` worker processes, calling ``done`` with each record as it
-    arrives. A task's error is raised as it is; a worker that dies is one OutputError
-    naming the shards that were running, never a hang."""
+    arrives. A task's error ends the run as ``shard_error`` makes it; a worker that dies
+    is one OutputError naming the shards that were running, never a hang."""
     context = multiprocessing.get_context("spawn")  # no inherited threads, locks or sockets
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_started,
                                initargs=(os.getpid(),))
@@ -119,13 +149,16 @@ def run_in_processes(tasks: Sequence[ShardTask], jobs: int, done: Callable[[Shar
             finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
             for future in sorted(finished, key=lambda f: futures[f].index):
                 try:
-                    done(future.result())
+                    record = future.result()
                 except BrokenProcessPool:
                     lost = sorted(t.file for f, t in futures.items() if not _succeeded(f))
                     raise OutputError(f"a worker process died (killed, or out of memory?) while {len(lost)} "
                                       f"shard(s) were unwritten: {', '.join(map(repr, lost[:8]))}; the finished "
                                       "shards are kept: rerun the same command to resume",
                                       path=str(tasks[0].job.out)) from None
+                except Exception as err:  # noqa: BLE001 - the task's own error, whatever it is
+                    raise shard_error(futures[future], err)  # its context: err, with the worker's traceback
+                done(record)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

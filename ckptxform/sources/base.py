@@ -150,6 +150,15 @@ class Checkpoint(ABC):
         """Audit ``fetch`` events: how ``prefetch`` fetched each file and why (Hub sources)."""
         return []
 
+    def first_etags(self) -> dict[str, str]:
+        """File -> the ETag of the first bytes served of it so far (Hub sources): what a
+        worker process of the same run must be served too (``expect_etags``)."""
+        return {}
+
+    def expect_etags(self, etags: Mapping[str, str]) -> None:
+        """Refuse bytes of ``etags``' files from any other object than the ETag given
+        (a worker holding to what its run read first)."""
+
     def close(self) -> None:
         """Release open files and connections."""
 

@@ -18,7 +18,8 @@ already have hold: ``HF_TOKEN`` or the saved token, ``HF_HOME``, ``HF_HUB_CACHE`
   ``ORG/NAME@REV?fetch=download`` sets the policy. Ranges go to the CDN URL the Hub
   redirects to (resolved once per file, ``hub_http``), many in flight, neighbouring rows
   joined when the gap costs less than a request (``hub_ranges``), each answer checked to
-  be the bytes asked of the object first seen; what they fetch is kept in a range cache
+  be the bytes asked of the object first seen (by the run: ``expect_etags`` gives a
+  worker process the ETags its run read first); what they fetch is kept in a range cache
   next to the repo's Hugging Face cache folder, so a rerun, or an offline run, transfers
   nothing. A safetensors header is read with one request where it fits in
   ``SPECULATIVE_HEADER`` bytes, and a repo's config, index and header are asked at once.
@@ -264,6 +265,15 @@ class HubCheckpoint(Checkpoint):
 
     def fetch_events(self) -> list[dict[str, Any]]:
         return [c.to_event(self.name) for c in self.fetch_choices]
+
+    def first_etags(self) -> dict[str, str]:
+        with self._lock:
+            remotes = dict(self._remote)
+        return {file: remote.etag for file, remote in sorted(remotes.items()) if remote.etag is not None}
+
+    def expect_etags(self, etags: Mapping[str, str]) -> None:
+        for file, etag in etags.items():
+            self._remote_file(file).expect_etag(etag)
 
     def close(self) -> None:
         for fd in self._fds.values():

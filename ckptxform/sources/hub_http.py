@@ -129,6 +129,17 @@ class RemoteFile:
     def size(self) -> int | None:
         return self.target().size
 
+    @property
+    def etag(self) -> str | None:
+        """The ETag of the first range answer (None before it)."""
+        return self._etag
+
+    def expect_etag(self, etag: str) -> None:
+        """Take ``etag`` as the first answer's: a worker process holds to what its run
+        read first, so that a file changing between two processes' reads is refused too."""
+        with self._lock:
+            self._etag = etag
+
     def target(self) -> Resolved:
         with self._lock:
             if self._target is None:
