@@ -137,12 +137,14 @@ def test_a_file_changed_on_the_cdn_after_the_plan_fails_only_the_task_reading_it
     the ETags it read first (without them each worker took its first answer as the file's
     and mixed two objects silently). The other tasks finish; the rerun keeps them."""
     shard = written_shard(one_process, "lm_head.weight")
+    assert shard == f"model-00004-of-{SHARDS:05d}.safetensors"
     try:
         reason = changed_on_the_cdn(served, tmp_path)
         proc = apply_from_hub(served, sharded_rule, tmp_path, "--jobs", "2")
     finally:
         served.server.clear_faults()
     kept = assert_one_task_failed(proc, tmp_path, shard, reason)
+    assert kept >= 2  # two tasks at a time, in order: the 4th began once two had finished
 
     again = apply_from_hub(served, sharded_rule, tmp_path, "--jobs", "2", "--json")
     assert again.returncode == 0, again.stderr

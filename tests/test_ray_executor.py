@@ -122,6 +122,18 @@ def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_er
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]  # no output, no job, no lock
 
 
+def test_tasks_take_the_runs_hub_settings_but_never_its_token() -> None:
+    """A worker must plan against the Hub the run planned against; a token passed to Ray
+    would be kept in the cluster's metadata."""
+    from ckptxform.engine.ray_executor import task_settings
+
+    run_env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/shared/hf", "HF_HUB_OFFLINE": "1",
+               "HF_TOKEN": "hf_secret", "CKPTXFORM_HUB_LINK": "rtt=0.05,bandwidth=1e5", "PATH": "/usr/bin",
+               "HOME": "/root"}
+    assert task_settings(run_env) == {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/shared/hf",
+                                      "HF_HUB_OFFLINE": "1", "CKPTXFORM_HUB_LINK": "rtt=0.05,bandwidth=1e5"}
+
+
 def test_a_worker_killed_once_is_retried_and_the_output_is_still_correct(
         rules: Path, standins: HeadlineStandins, cluster: Any, reference: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import OutputError, UsageError
@@ -63,9 +63,8 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
             raise OutputError(f"cannot connect to the Ray cluster at {address or os.environ.get('RAY_ADDRESS')!r}: "
                               f"{err}; check --ray-address (or RAY_ADDRESS), or leave both unset to start a "
                               "local Ray instance") from None
-    settings = {name: value for name, value in os.environ.items() if name.startswith(_FORWARDED) and name != _SECRET}
     remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False,
-                        runtime_env={"env_vars": settings})(_ray_shard)
+                        runtime_env={"env_vars": task_settings(os.environ)})(_ray_shard)
     refs = {remote.remote(task): task for task in tasks}
     pending = list(refs)
     try:
@@ -88,6 +87,12 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
             ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT, fetch_local=False)
         if started_here:
             ray.shutdown()
+
+
+def task_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of the run's ``environ`` its tasks run with: ``HF_*`` and
+    ``CKPTXFORM_*`` but ``HF_TOKEN``."""
+    return {name: value for name, value in environ.items() if name.startswith(_FORWARDED) and name != _SECRET}
 
 
 def _ray_shard(task: ShardTask) -> ShardRecord:
