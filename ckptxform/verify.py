@@ -10,11 +10,9 @@ file copied by the rule's ``files`` still has the sha256 the audit records.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-from stat import S_ISREG
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ from .tensor_digest import DIGESTS, new_hasher, recorded_digest
 from .engine.audit import AUDIT_FILE
 from .engine.files import check_copied_files
 from .errors import CkptxformError, VerifyError, quote_keys
-from .fileio import hash_range, read_small_file
+from .fileio import hash_range, open_regular, read_small_file
 from .sources.local import MAX_CONFIG_BYTES
 from .sources.safetensors_header import MAX_HEADER_BYTES, read_header
 
@@ -129,21 +127,19 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
     for file in files:
         path = root / file
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
-            stat = os.fstat(fd)
-            size, identity = stat.st_size, (stat.st_dev, stat.st_ino)
-            if not S_ISREG(stat.st_mode):
-                os.close(fd)
-                raise OSError(errno.EINVAL, "not a regular file")
+            shard = open_regular(path)  # a FIFO must not block the open, a device never end
         except OSError as err:
             # one line for the file, not one per tensor: a lost shard may hold thousands
             lost = [key for key, e in written.items() if e["file"] == file]
             unreadable.update(lost)
-            found.append(f"{path}: {err.strerror}; the output is incomplete: the audit puts {len(lost)} "
+            found.append(f"{path}: {err.strerror or err}; the output is incomplete: the audit puts {len(lost)} "
                          f"tensor(s) there ({quote_keys(lost, limit=3)})")
             continue
         try:
-            infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=size,
+            fd = shard.fileno()
+            stat = os.fstat(fd)
+            identity = (stat.st_dev, stat.st_ino)
+            infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=stat.st_size,
                                    label=str(path))
             for info in infos:
                 entry = written.get(info.key)
@@ -164,7 +160,7 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
         except CkptxformError as err:
             found.append(str(err))
         finally:
-            os.close(fd)
+            shard.close()
     return [message for item in found if (message := _resolve(item))], checked
 
 
@@ -191,16 +187,13 @@ def _digest(path: Path, identity: tuple[int, int], offset: int, length: int, alg
     cut short or replaced since its header was read (``identity``: its device and inode
     then) raises OSError."""
     digest = new_hasher(algorithm)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        stat = os.fstat(fd)
+    with open_regular(path) as file:
+        stat = os.fstat(file.fileno())
         if (stat.st_dev, stat.st_ino) != identity:
             raise OSError("the file was replaced while verify read it")
-        done = hash_range(digest, fd, offset, length)
+        done = hash_range(digest, file.fileno(), offset, length)
         if done < length:
             raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
-    finally:
-        os.close(fd)
     return digest.hexdigest()
 
 
