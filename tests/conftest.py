@@ -7,6 +7,7 @@ Session-scoped checkpoints are shared by many tests: tests must never modify the
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -35,16 +36,56 @@ SMALL_DIMS = KIMI_K2.scaled(hidden=16, head_dim=8, vocab=512, draft_vocab=64, ve
 HEADLINE_SEED = 11
 
 
+_CACHE_PREFIX = "ckptxform-test-cache-"
+
+
+def _private_cache() -> tuple[Path, bool]:
+    """The tests' cache directory, and whether this process made it (and removes it).
+
+    A process started by a test run (it inherits CKPTXFORM_CACHE_DIR) that imports this
+    file uses the run's directory instead of making one it would never remove. The
+    directory is named after the process that made it, so that one left by a killed run
+    (SIGKILL or SIGTERM skip every exit handler) is removed by the next run."""
+    inherited = Path(os.environ.get("CKPTXFORM_CACHE_DIR", ""))
+    if inherited.name.startswith(_CACHE_PREFIX) and inherited.is_dir():
+        return inherited, False
+    for stale in Path(tempfile.gettempdir()).glob(f"{_CACHE_PREFIX}*-*"):
+        pid = stale.name[len(_CACHE_PREFIX):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)) and _owned(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+    made = Path(tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{os.getpid()}-"))
+    atexit.register(shutil.rmtree, made, ignore_errors=True)  # a process that never ends a session
+    return made, True
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return path.lstat().st_uid == os.getuid()
+    except OSError:  # removed meanwhile by another run
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
 #: The tests' cache (rule files found valid), never the user's ~/.cache/ckptxform. Set when
 #: this file is imported, before any test module is collected (some load rules at import),
 #: and in os.environ so that every CLI subprocess uses it too.
-PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="ckptxform-test-cache-"))
+PRIVATE_CACHE, _OWN_CACHE = _private_cache()
 os.environ["CKPTXFORM_CACHE_DIR"] = str(PRIVATE_CACHE)
 os.environ.pop("CKPTXFORM_NO_CACHE", None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(PRIVATE_CACHE, ignore_errors=True)
+    if _OWN_CACHE:
+        shutil.rmtree(PRIVATE_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
