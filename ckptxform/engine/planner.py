@@ -1,37 +1,36 @@
-"""plan(RuleSet, sources) -> Plan, from headers, the rule file and the vocab maps only.
+"""build_plan(RuleSet, checkpoints) -> Plan, from headers, the rule file and the vocab maps
+only: each source tensor matched to its rule, each output planned (copy, rename, cast, row
+permutation, op chain, ``add``, ``tie``), every tensor of every file opened recorded.
 
-Every assertion is decided here, so a failing ``apply`` fails before any weight byte is
-read and before any output exists. The only tensor bytes read are the small d2t/t2d.
+Every check is decided here or in what this calls (output_checks.py, requirements.py,
+vocab_maps.py), so a failing ``apply`` fails before any weight byte is read and before
+any output exists. The only tensor bytes read are the small d2t/t2d.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import USER_DTYPES, cast_problem
-from ..errors import PlanError, RequirementError, SourceNotFoundError, printable, quote_keys
-from ..rules.key_pattern import KeyPattern
-from ..rules.loader import regex_literal
-from ..rules.model import AddEntry, RuleSet, TensorRule, VocabSpec
-from ..rules.templates import expand_from
+from ..errors import PlanError, SourceNotFoundError, printable, quote_keys
+from ..rules.model import AddEntry, RuleSet, TensorRule
 from ..sources.base import Checkpoint, TensorInfo
-from ..sources.pins import FilePin, pin_existing, pin_path
-from ..sources.vocab_files import load_vocab_file
-from ..vocab import Alignment, VocabMap, vocab_map_from_bytes
+from ..sources.pins import FilePin
+from ..vocab import Alignment, VocabMap
 from .config_builder import build_config
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
 from .groups import plan_template_rule
-from .output_checks import carries_source_rows, value_problem
+from .output_checks import carries_source_rows, key_problem, tie_problem, value_problem
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
+from .requirements import check_requirements
+from .vocab_maps import read_vocab_map
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass
@@ -135,7 +134,7 @@ class _Planner:
         for entry in self.rules.add.values():
             self._plan_add(entry)
         self._check_ties()
-        self._check_requirements()
+        check_requirements(self.rules, self.outputs, self.producer, list(self.ckpts[self.rules.convert].tensors))
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
         sources = {
@@ -182,7 +181,7 @@ class _Planner:
             source, info.key, action, target, info.shape, info.dtype, rule, reason)
 
     def _add_output(self, out: OutputPlan, producer: str) -> None:
-        why = _invalid_key(out.key)
+        why = key_problem(out.key)
         if why is not None:
             raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
                             "rule's rename (or the add entry's name) so that it writes another key", key=out.key)
@@ -205,48 +204,14 @@ class _Planner:
     # -- vocabulary maps -----------------------------------------------------------------
     def _load_vocab_maps(self) -> None:
         for name, spec in self.rules.vocab.items():
-            where = f"vocab.{name} ({spec.where.short})"
-            if spec.file is not None:
-                assert spec.encoding is not None
-                pin = pin_existing(spec.file)  # before reading: a later write must show
-                self.vocab[name] = load_vocab_file(spec.file, name=name, encoding=spec.encoding,
-                                                   vocab_size=self._vocab_size(spec, where))
-                self.vocab_files[name] = pin or pin_path(spec.file)
-                continue
-            assert spec.source is not None
-            if spec.identity_rows_of is not None:
-                info = self._tensor(spec.source, spec.identity_rows_of, where)
-                self.vocab[name] = VocabMap(name, tuple(range(info.shape[0])), info.shape[0],
-                                            origin=f"rows of {spec.source}:{spec.identity_rows_of}")
-                continue
-            assert spec.encoding is not None
-            ckpt = self.ckpts[spec.source]
-            d2t = self._tensor(spec.source, spec.d2t, where)
-            has_t2d = spec.t2d is not None and not (spec.t2d_optional and spec.t2d not in ckpt.tensors)
-            t2d = self._tensor(spec.source, spec.t2d, where,
-                               f"set vocab.{name}.t2d to its key, or t2d_optional: true (it is then derived "
-                               "from d2t)") if has_t2d and spec.t2d else None
-            self.vocab[name] = vocab_map_from_bytes(
-                name, ckpt.read(d2t), d2t.dtype, ckpt.read(t2d) if t2d else None,
-                t2d.dtype if t2d else None, encoding=spec.encoding,
-                vocab_size=self._vocab_size(spec, where),
-                origin=f"source {spec.source!r} tensor {spec.d2t!r}")
+            read = read_vocab_map(name, spec, self.ckpts, self._tensor, self._references)
+            self.vocab[name] = read.vmap
+            if read.file is not None:
+                self.vocab_files[name] = read.file
+            assert spec.source is not None or not read.tensors
             reason = f"read as vocabulary map {name!r} ({spec.encoding})"
-            self._record(spec.source, d2t, "vocab", None, spec.where.short, reason)
-            if t2d:
-                self._record(spec.source, t2d, "vocab", None, spec.where.short, reason)
-
-    def _vocab_size(self, spec: VocabSpec, where: str) -> int | None:
-        """``vocab_size`` as written, or an expression over the source's config (``${config.PATH}``)."""
-        if not isinstance(spec.vocab_size, str):
-            return spec.vocab_size
-        assert spec.source is not None
-        value = self._references(spec.source).evaluate(spec.vocab_size, f"{where}: vocab_size")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{where}: vocab_size {spec.vocab_size}: the config of source {spec.source!r} "
-                            f"({self.ckpts[spec.source].location}) has {value!r} there, not a positive integer; "
-                            "give the size as an integer in the rule file", source=spec.source)
-        return value
+            for info in read.tensors:
+                self._record(spec.source, info, "vocab", None, spec.where.short, reason)
 
     def _references(self, source: str) -> References:
         """How ``${...}`` resolves for a rule about ``source``: ``config`` is its config file."""
@@ -352,14 +317,9 @@ class _Planner:
 
     def _check_ties(self) -> None:
         for source, key, target, label in self.ties:
-            out = self.outputs.get(target)
-            info = self.ckpts[source].tensors[key]
-            if out is None:
-                raise PlanError(f"{label}: tie: {source}:{key} is to be tied to output {target!r}, which no rule "
-                                "writes; name an output key of this rule file", key=key)
-            if (out.shape, out.dtype) != (info.shape, info.dtype):
-                raise PlanError(f"{label}: tie: {source}:{key} is {info.dtype} {list(info.shape)} but output "
-                                f"{target!r} is {out.dtype} {list(out.shape)}; tied tensors must be identical", key=key)
+            problem = tie_problem(source, self.ckpts[source].tensors[key], target, self.outputs.get(target))
+            if problem is not None:
+                raise PlanError(f"{label}: tie: {problem}", key=key)
 
     def _permutation(self, source: str, info: TensorInfo,
                      rule: TensorRule) -> tuple[GatherRows, tuple[int, ...], str]:
@@ -428,56 +388,6 @@ class _Planner:
                                     info.dtype, where, loaded=False), label)
         self._record(entry.source, info, "copied", entry.key, where, f"added as {entry.key!r}")
 
-    # -- require -------------------------------------------------------------------------
-    def _check_requirements(self) -> None:
-        problems: list[str] = []
-        not_loaded: set[str | None] = set()
-        for item in self.rules.require.loaded:
-            if any(o.loaded and item.pattern.fullmatch(o.key) for o in self.outputs.values()):
-                continue
-            problems.append(self._explain_not_loaded(item.pattern, item.where.short))
-            not_loaded.add(regex_literal(item.pattern.pattern))
-        for item in self.rules.require.min_rows_from_source:
-            out = self.outputs.get(item.key)
-            if out is None and item.key in not_loaded:
-                continue  # its source tensor is missing: reported once, by require.loaded above
-            if out is None or not isinstance(out.recipe, GatherRows):
-                problems.append(f"require.min_rows_from_source ({item.where.short}): {item.key!r} is not a "
-                                "permuted output tensor; name the output key of a permute_rows rule")
-                continue
-            frac = out.recipe.rows_from_source / max(1, len(out.recipe.rows))
-            if frac < item.fraction:
-                problems.append(
-                    f"require.min_rows_from_source ({item.where.short}): only {out.recipe.rows_from_source:,} "
-                    f"of {len(out.recipe.rows):,} rows of {item.key!r} ({frac:.1%}) come from the source, "
-                    f"below {item.fraction:.0%}; the vocabulary maps are probably not the drafters' own")
-        if problems:
-            raise RequirementError("\n".join(problems))
-
-    def _explain_not_loaded(self, pattern: KeyPattern, where: str) -> str:
-        source = self.rules.convert
-        assert source is not None
-        wanted = regex_literal(pattern.pattern)
-        head = f"require.loaded ({where}): {wanted or pattern.pattern!r} was not loaded from source {source!r}"
-        if wanted is not None and wanted in self.outputs:
-            recipe = self.outputs[wanted].recipe
-            if isinstance(recipe, GatherRows):
-                return (f"{head}: {self.producer[wanted]} takes none of its {len(recipe.rows):,} rows from "
-                        "the source (all are filled); the vocabulary maps are probably not the drafters' own")
-            return f"{head}: it is produced by {self.producer[wanted]}, not loaded from the source"
-        if wanted is None:
-            return f"{head}: no output key matches; check the rule that should produce it"
-        for rule in self.rules.tensors:
-            expected = _source_key_for(rule, wanted)
-            if expected is None:
-                continue
-            keys = list(self.ckpts[source].tensors)
-            close = difflib.get_close_matches(expected, keys, n=3, cutoff=0.6)
-            hint = f"; closest keys there: {', '.join(map(repr, close))}" if close else ""
-            return (f"{head}: {rule.label} would produce it from {expected!r}, which {source!r} does not "
-                    f"have{hint}")
-        return f"{head}: no rule produces it; add a rule whose output key it is"
-
     # -- completeness of the audit ---------------------------------------------------------
     def _record_unused(self) -> None:
         """Every other tensor of every file whose header was read is accounted for too."""
@@ -489,38 +399,3 @@ class _Planner:
                                  f"in {file}, which was opened for other tensors; no rule reads it")
 
 
-def _invalid_key(key: str) -> str | None:
-    """Why ``key`` cannot name a tensor in a safetensors file (None when it can)."""
-    if not key:
-        return "it is empty"
-    if key == "__metadata__":
-        return "safetensors reserves '__metadata__' for the file's metadata"
-    if _CONTROL.search(key):
-        return "it contains a control character"
-    if len(key) > 1024:
-        return f"it is {len(key)} characters long, more than 1024"
-    return None
-
-
-def _source_key_for(rule: TensorRule, output_key: str) -> str | None:
-    """The source key from which ``rule`` would produce ``output_key``, when that can be told."""
-    if rule.skip is not None:
-        return None
-    if rule.template is not None:  # a key template read backwards: one source key per output
-        for target in rule.to:
-            bound = target.match(output_key)
-            if bound is not None and set(rule.template.variables) <= set(bound):
-                return expand_from(rule.template, target, bound)
-        return None
-    if rule.rename is None:
-        literal = regex_literal(rule.match)
-        return output_key if (literal == output_key or rule.pattern.fullmatch(output_key)) else None
-    parts = re.split(r"(\\\d+|\\g<[^>]*>)", rule.rename)
-    regex = "".join("(.*)" if p.startswith("\\") and (p[1:].isdigit() or p.startswith("\\g<"))
-                    else re.escape(p) for p in parts)
-    m = re.fullmatch(regex, output_key)
-    if m is None or len(m.groups()) != 1 or rule.pattern.groups != 1:
-        return None
-    source_regex = re.sub(r"\((?!\?)(?:[^()\\]|\\.)*\)", lambda _: re.escape(m.group(1)), rule.match, count=1)
-    candidate = regex_literal(source_regex)
-    return candidate if candidate is not None and rule.pattern.fullmatch(candidate) else None
