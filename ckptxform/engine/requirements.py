@@ -10,8 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ..errors import RequirementError
-from ..rules.key_pattern import KeyPattern
-from ..rules.loader import regex_literal
+from ..rules.key_pattern import KeyPattern, regex_literal
 from ..rules.model import RuleSet, TensorRule
 from ..rules.templates import expand_from
 from .gather import GatherRows

@@ -25,7 +25,8 @@ from .._data import data_dir
 from ..errors import RuleError
 from ..ops.base import NoInverse
 from .expr import Ref, is_expression, parse_expression
-from .loader import load_rules, regex_literal
+from .key_pattern import regex_literal
+from .loader import load_rules
 from .model import ConfigSpec, RuleSet, TensorRule
 from .templates import Template, Var
 

@@ -5,7 +5,8 @@ for hours, and no key-length limit helps (30 characters are enough). The syntax 
 the error messages stay ``re``'s (the pattern is compiled by ``re`` first); matching goes
 through the ``regex`` engine, which takes the same syntax and stops a match after
 ``MATCH_TIMEOUT_S`` seconds: the rule is then refused with one line, as a rule-file
-problem (exit 2).
+problem (exit 2). ``regex_literal`` reads the one key a pattern without operators matches
+(``fc\\.weight``), which the loader, the planner and ``invert`` reason about.
 """
 
 from __future__ import annotations
@@ -65,3 +66,20 @@ class KeyPattern:
                 f"{self.label} {quote(self.pattern)} was stopped after {MATCH_TIMEOUT_S:g} s on the "
                 f"{len(key):,}-character key {quote(shown)}: it backtracks catastrophically; rewrite it "
                 "without nested or overlapping repetition such as '(a+)+' or '(a|aa)*'"]) from None
+
+
+def regex_literal(pattern: str) -> str | None:
+    """The one string ``pattern`` matches when it has no regex operators (``fc\\.weight``)."""
+    out = []
+    chars = iter(pattern)
+    for ch in chars:
+        if ch == "\\":
+            nxt = next(chars, "")
+            if not nxt or nxt.isalnum():
+                return None
+            out.append(nxt)
+        elif ch in ".^$*+?{}[]|()":
+            return None
+        else:
+            out.append(ch)
+    return "".join(out)
