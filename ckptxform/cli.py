@@ -1,30 +1,26 @@
-"""The ``ckptxform`` command: parse arguments, call the library, map errors to exit codes.
+"""The ``ckptxform`` command: its subcommands and options; each parses its arguments,
+calls the library (imported when the command runs: each command pays only for what it
+uses) and prints the result.
 
-Exit status: 0 done; 2 invalid rule file or usage; 1 anything else that failed. One line
-per problem on stderr, no traceback unless ``CKPTXFORM_DEBUG=1``.
+How a command fails (one line per problem, the exit codes, the ``--json`` failure object)
+is ``cli_errors``.
 """
 
 from __future__ import annotations
 
-import functools
-import io
 import json
-import os
 import shlex
-import signal
 import sys
-import threading
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
 import click
 
-from .errors import CkptxformError, RuleError, UsageError, redact, terminal_line
-from .tensor_digest import DEFAULT_DIGEST, DIGESTS
+from .cli_errors import reports_errors, usage_failure
+from .errors import RuleError, UsageError, terminal_line
 from .log import configure_stderr
-from .terminal import guarded_stdout
+from .tensor_digest import DEFAULT_DIGEST, DIGESTS
 
-F = TypeVar("F", bound=Callable[..., Any])
 _LEVEL_KEY = "ckptxform.log_level"
 
 
@@ -48,6 +44,12 @@ def _quiet() -> bool:
     return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "WARNING"
 
 
+def _verbose() -> bool:
+    """``-v`` (before or after the subcommand): complete lists (every skipped or unused
+    tensor) instead of the first few."""
+    return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "DEBUG"
+
+
 class _Command(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,89 +70,11 @@ class _Group(click.Group):
         try:
             code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
         except click.ClickException as err:
-            shown = io.StringIO()
-            err.show(file=shown)  # click's usage text, each line made safe for a terminal
-            for line in shown.getvalue().splitlines():
-                click.echo(terminal_line(line), err=True)
-            if _wants_json(argv):
-                error = "UsageError" if isinstance(err, click.UsageError) else type(err).__name__
-                click.echo(_failure_json([err.format_message()], err.exit_code, error))
-            sys.exit(err.exit_code)
+            usage_failure(err, argv)
         except click.Abort:
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
-
-
-def _wants_json(argv: list[str]) -> bool:
-    options = argv[:argv.index("--")] if "--" in argv else argv
-    return "--json" in options
-
-
-class _Terminated(BaseException):
-    """SIGTERM (what timeout, systemd and Kubernetes send), raised where the run is, like
-    KeyboardInterrupt for SIGINT, so that it unwinds the same way: no temporary output, no lock."""
-
-
-def _terminate(signum: int, frame: object) -> NoReturn:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
-    raise _Terminated
-
-
-def _reports_errors(func: F) -> F:
-    """Turn ckptxform errors into one line per problem and the contract's exit codes."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if threading.current_thread() is threading.main_thread():  # where Python runs handlers
-                signal.signal(signal.SIGTERM, _terminate)
-            with guarded_stdout():
-                return func(*args, **kwargs)
-        except CkptxformError as err:
-            if os.environ.get("CKPTXFORM_DEBUG") == "1":
-                raise
-            # Rule-file problems already start with FILE:LINE:COL; others get a prefix.
-            fields = {name: getattr(err, name) for name in ("path", "line", "col", "source", "key")
-                      if getattr(err, name) is not None}
-            _fail(str(err).splitlines(), "" if isinstance(err, RuleError) else "error: ", err.exit_code,
-                  type(err).__name__, as_json=bool(kwargs.get("as_json")), **fields)
-        except KeyboardInterrupt:
-            _fail(["interrupted"], "", 130, "KeyboardInterrupt", as_json=bool(kwargs.get("as_json")))
-        except _Terminated:
-            _fail(["terminated (SIGTERM)"], "", 128 + signal.SIGTERM, "Terminated", as_json=bool(kwargs.get("as_json")))
-        except Exception as err:  # noqa: BLE001 - last resort: one line, never a traceback
-            if os.environ.get("CKPTXFORM_DEBUG") == "1":
-                raise
-            _fail([f"internal error: {type(err).__name__}: {err} "
-                   "(rerun with CKPTXFORM_DEBUG=1 and report the traceback)"], "", 1, "InternalError",
-                  as_json=bool(kwargs.get("as_json")))
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: bool, **fields: Any) -> NoReturn:
-    """One line per problem on stderr; with ``--json`` also one object on stdout that a
-    script can branch on (error type, and which source, file, line, key); exit ``code``.
-    Every line passes ``redact``: an internal error's text may quote a server's."""
-    messages = [redact(line) for line in messages]
-    for line in messages:
-        click.echo(terminal_line(f"{prefix}{line}"), err=True)
-    if as_json and error != "OutputStreamError":
-        click.echo(_failure_json(messages, code, error, **fields))
-    sys.exit(code)
-
-
-def _failure_json(messages: list[str], code: int, error: str, **fields: Any) -> str:
-    """The failure object (README, "Exit status and --json")."""
-    return json.dumps({"status": "failed", "exit_code": code, "error": error, "messages": messages, **fields},
-                      indent=2)
-
-
-def _verbose() -> bool:
-    """``-v`` (before or after the subcommand): complete lists (every skipped or unused
-    tensor) instead of the first few."""
-    return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "DEBUG"
 
 
 def _parse_overrides(values: tuple[str, ...]) -> dict[str, str]:
@@ -183,7 +107,7 @@ main.params.extend(_verbosity_options())
 @main.command()
 @click.argument("rules", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@_reports_errors
+@reports_errors
 def validate(rules: tuple[str, ...], as_json: bool) -> None:
     """Check rule files against the rule language; exit 2 with FILE:LINE:COL messages if invalid."""
     from .rules.loader import load_rules
@@ -207,7 +131,7 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
 
 @main.command(name="rules")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@_reports_errors
+@reports_errors
 def list_rules(as_json: bool) -> None:
     """List the shipped rule library: each rule's name, description and default sources."""
     from .rules.library import shipped_rules
@@ -237,7 +161,7 @@ _require_pinned_option = click.option(
 @_source_option
 @_require_pinned_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's records as JSON.")
-@_reports_errors
+@reports_errors
 def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bool) -> None:
     """Show what apply would do, from headers only: every tensor, the vocab statistics."""
     from . import api, report
@@ -270,7 +194,7 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
               help="Write only the shards of this rank (index modulo WORLD) for any launcher; then "
                    "'ckptxform finalize'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@_reports_errors
+@reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
           digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
           shard_of: str | None, as_json: bool) -> None:
@@ -303,7 +227,7 @@ def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
 @click.option("--digest", type=click.Choice(DIGESTS), default=DEFAULT_DIGEST, show_default=True,
               help="The digest the ranks used.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@_reports_errors
+@reports_errors
 def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, digest: str,
              as_json: bool) -> None:
     """Commit OUT from the shards every 'apply --shard-of RANK/WORLD' wrote (same arguments)."""
@@ -317,7 +241,7 @@ def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsy
 @main.command()
 @click.argument("location")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@_reports_errors
+@reports_errors
 def inspect(location: str, as_json: bool) -> None:
     """List a checkpoint's tensors, shapes, dtypes, files and total bytes (headers only)."""
     from . import report
@@ -333,7 +257,7 @@ def inspect(location: str, as_json: bool) -> None:
 @click.option("--encoding", type=click.Choice(["offset", "absolute"]), default="offset", show_default=True,
               help="How both d2t tensors are encoded.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@_reports_errors
+@reports_errors
 def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -> None:
     """Compare two drafters' draft vocabularies (d2t/t2d, or vocab-map files)."""
     from .vocab_diff import vocab_diff as compare
@@ -349,7 +273,7 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="With --emit-rules: write the rule file here (paths in it made relative to it).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@_reports_errors
+@reports_errors
 def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as_json: bool) -> None:
     """Compare two checkpoints' keys, shapes and dtypes; suggest renames and structural ops."""
     from .ckpt_diff import checkpoint_diff
@@ -368,7 +292,7 @@ def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as
 @click.argument("rules")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the inverse to this file (default: print it).")
-@_reports_errors
+@reports_errors
 def invert(rules: str, out: str | None) -> None:
     """Print the rule file that undoes RULES (checked); exit 2 naming each rule with no inverse."""
     from .rules.invert import inverse_yaml
@@ -386,7 +310,7 @@ def invert(rules: str, out: str | None) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Where to build the stand-ins and the output (default: a new temporary directory).")
 @click.option("--force", is_flag=True, help="Replace the output of an earlier demo in --out.")
-@_reports_errors
+@reports_errors
 def demo(out: str | None, force: bool) -> None:
     """Offline: run the headline rule on small stand-ins of its three sources."""
     from . import report
@@ -409,7 +333,7 @@ def demo(out: str | None, force: bool) -> None:
 @main.command()
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@_reports_errors
+@reports_errors
 def verify(out: str, as_json: bool) -> None:
     """Re-read every tensor of OUT and check it against OUT's audit log (digests, shapes, index, config)."""
     from .verify import verify as check
