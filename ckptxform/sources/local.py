@@ -1,12 +1,10 @@
-"""Checkpoints on the local disk, indexed from headers only.
+"""Checkpoints on the local disk, indexed from headers only and read by byte range.
 
-``open_local`` accepts what people have on disk: a ``.safetensors`` file; a directory
-holding ``model.safetensors``, a sharded ``model.safetensors.index.json`` or a single
-other ``*.safetensors``; a shard index given by path; and ``pytorch_model.bin`` (single,
-sharded with ``pytorch_model.bin.index.json``, or a ``.bin``/``.pt``/``.pth`` path).
+``open_local`` accepts what people have on disk (which files that is: ``local_layout``).
 Safetensors are indexed with two ``os.pread`` calls per file and read by byte range; a
 ``.bin`` is a pickle, so it is loaded (memory-mapped) with ``torch.load(weights_only=True)``,
-which refuses pickled code (``ckptxform.sources.torch_bin``).
+which refuses pickled code (``ckptxform.sources.torch_bin``). Every file read is pinned,
+so a file replaced or rewritten under the run fails it.
 
 Example::
 
@@ -22,9 +20,8 @@ import json
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ckptxform.errors import (
     CheckpointFormatError,
@@ -36,23 +33,12 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
+from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
-from ckptxform.sources.safetensors_header import (
-    MAX_HEADER_BYTES,
-    check_index_matches_shards,
-    parse_index_json,
-    parse_json_object,
-    read_header,
-)
+from ckptxform.sources.safetensors_header import check_index_matches_shards, parse_json_object, read_header
 from ckptxform.sources.torch_bin import bin_infos, load_torch_file, tensor_bytes
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-SAFETENSORS_SINGLE = "model.safetensors"
-BIN_INDEX = "pytorch_model.bin.index.json"
-BIN_SINGLE = "pytorch_model.bin"
 CONFIG = "config.json"
-_BIN_SUFFIXES = (".bin", ".pt", ".pth")
-_LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE)
 #: a model's config.json is a few KiB; a bound keeps a crafted one from filling memory
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -111,7 +97,7 @@ class LocalCheckpoint(Checkpoint):
         path = self.root / name
         if not path.exists():
             return None
-        _check_inside(path, self.root)
+        check_inside(path, self.root)
         try:
             self._pins[CONFIG] = pin_path(path)  # before reading: a later write must show
             return _load_config(path)
@@ -176,7 +162,7 @@ class LocalCheckpoint(Checkpoint):
 
     def file_path(self, name: str) -> Path:
         path = self.root / name
-        _check_inside(path, self.root)
+        check_inside(path, self.root)
         return path
 
     def local_path(self, file: str) -> Path | None:
@@ -210,23 +196,8 @@ class LocalCheckpoint(Checkpoint):
             return self._descriptors[file]
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Which files make up a checkpoint, before any of them is read."""
-
-    root: Path
-    kind: Literal["safetensors", "bin"]
-    files: tuple[str, ...]
-    #: the shard index and its weight map, for sharded checkpoints
-    index: Path | None = None
-    weight_map: Mapping[str, str] | None = None
-    index_pin: FilePin | None = None
-    #: the files were found by looking into ``root``: refuse links that leave it
-    confined: bool = True
-
-
 def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
-    layout = _find_layout(path)
+    layout = find_layout(path)
     for file in layout.files:
         shard = layout.root / file
         if not shard.exists():
@@ -238,7 +209,7 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
                 key=sorted(keys)[0] if keys else None,
             )
         if layout.confined:
-            _check_inside(shard, layout.root)
+            check_inside(shard, layout.root)
         if not shard.is_file():
             raise CheckpointFormatError(
                 f"{shard}: is not a regular file; give a checkpoint file or directory",
@@ -274,70 +245,6 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
     )
 
 
-def _find_layout(path: Path) -> _Layout:
-    if not path.exists():
-        raise SourceNotFoundError(
-            f"{path}: does not exist; give a local directory or file, or a Hub repo "
-            "ORG/NAME[@REVISION]",
-            path=str(path),
-        )
-    if path.is_dir():
-        return _directory_layout(path)
-    name = path.name
-    if name.endswith(".safetensors.index.json"):
-        return _index_layout(path, "safetensors")
-    if name.endswith(".bin.index.json"):
-        return _index_layout(path, "bin")
-    # A file the user names is read even if it is a link: they chose it.
-    if name.endswith(".safetensors"):
-        return _Layout(path.parent, "safetensors", (name,), confined=False)
-    if name.endswith(_BIN_SUFFIXES):
-        return _Layout(path.parent, "bin", (name,), confined=False)
-    raise CheckpointFormatError(
-        f"{path}: not a checkpoint file; give a .safetensors, .bin, .pt or .pth file, a "
-        "*.index.json shard index, or the directory holding them",
-        path=str(path),
-    )
-
-
-def _directory_layout(directory: Path) -> _Layout:
-    # The order is transformers': a safetensors index, model.safetensors, then .bin.
-    # Files an index does not name (e.g. Mistral's consolidated.safetensors) are ignored.
-    if (directory / SAFETENSORS_INDEX).exists():
-        return _index_layout(directory / SAFETENSORS_INDEX, "safetensors")
-    if (directory / SAFETENSORS_SINGLE).exists():
-        return _Layout(directory, "safetensors", (SAFETENSORS_SINGLE,))
-    singles = sorted(p.name for p in directory.iterdir() if p.name.endswith(".safetensors"))
-    if len(singles) == 1:
-        return _Layout(directory, "safetensors", (singles[0],))
-    if len(singles) > 1:
-        raise SourceNotFoundError(
-            f"{directory}: holds {len(singles)} .safetensors files ({quote_keys(singles, 4)}) "
-            f"but no {SAFETENSORS_INDEX} saying which tensors each holds; download the "
-            "index, or give one file's path",
-            path=str(directory),
-        )
-    if (directory / BIN_INDEX).exists():
-        return _index_layout(directory / BIN_INDEX, "bin")
-    if (directory / BIN_SINGLE).exists():
-        return _Layout(directory, "bin", (BIN_SINGLE,))
-    raise SourceNotFoundError(
-        f"{directory}: no checkpoint weights found (looked for {', '.join(_LOOKED_FOR)}); "
-        "give the directory or file that holds the weights",
-        path=str(directory),
-    )
-
-
-def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> _Layout:
-    root = index.parent
-    _check_inside(index, root)
-    pin = pin_path(index)  # before reading: a later write must show
-    blob = read_small_file(index, MAX_HEADER_BYTES, what="a shard index")
-    weight_map = parse_index_json(blob, label=str(index), shard_suffix=f".{kind}")
-    files = tuple(sorted(set(weight_map.values())))
-    return _Layout(root, kind, files, index=index, weight_map=weight_map, index_pin=pin)
-
-
 def _unreadable(exc: OSError, path: str | Path, *, source: str | None) -> SourceNotFoundError:
     where = exc.filename or path
     return SourceNotFoundError(
@@ -347,25 +254,8 @@ def _unreadable(exc: OSError, path: str | Path, *, source: str | None) -> Source
     )
 
 
-def _check_inside(path: Path, root: Path) -> None:
-    """Refuse a file that is a link leading out of the checkpoint directory: a crafted
-    repo could otherwise make us read, and copy into the output, any file of the host."""
-    real_root = root.resolve()
-    allowed = [real_root]
-    # The Hugging Face cache links snapshots/REV/FILE to ../../blobs/HASH: that is home.
-    if real_root.parent.name == "snapshots":
-        allowed.append(real_root.parent.parent / "blobs")
-    real = path.resolve()
-    if not any(real.is_relative_to(a) for a in allowed):
-        raise CheckpointFormatError(
-            f"{path}: links to {real}, outside the checkpoint directory {real_root}; "
-            "replace the link with the file itself",
-            path=str(path),
-        )
-
-
 def _read_safetensors_headers(
-    layout: _Layout, pins: dict[str, FilePin],
+    layout: Layout, pins: dict[str, FilePin],
 ) -> tuple[dict[str, list[TensorInfo]], dict[str, dict[str, str]]]:
     # Descriptors are closed after the header: a plan may read a single shard of a
     # 60-shard verifier, and ``read`` opens only the files it needs.
