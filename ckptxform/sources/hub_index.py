@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptxform.sources.base import TensorInfo
-from ckptxform.sources.safetensors_header import parse_json_object
+from ckptxform.sources.strict_json import parse_json_object
 
 __all__ = ["LazyTensors", "load_json"]
 

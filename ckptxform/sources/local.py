@@ -35,7 +35,8 @@ from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
-from ckptxform.sources.safetensors_header import check_index_matches_shards, parse_json_object, read_header
+from ckptxform.sources.safetensors_header import check_index_matches_shards, read_header
+from ckptxform.sources.strict_json import parse_json_object
 from ckptxform.sources.torch_bin import bin_infos, load_torch_file, tensor_bytes
 
 CONFIG = "config.json"

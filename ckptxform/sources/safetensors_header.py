@@ -4,7 +4,8 @@ A safetensors file is an 8-byte little-endian header length, a JSON header, then
 data. Everything ckptxform plans is built from these headers, so a malformed or hostile
 one must fail here with one line naming the file and key, never as a ``KeyError`` deep
 in the planner or a silent misread. The local source reads the bytes with ``os.pread``
-and the Hub source with HTTP range requests; both hand them to these functions.
+and the Hub source with HTTP range requests; both hand them to these functions. The
+JSON itself is read by ``strict_json`` (no key twice, no NaN, valid Unicode).
 
 Example::
 
@@ -14,15 +15,13 @@ Example::
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ckptxform.dtypes import DTYPE_SIZES, nbytes
 from ckptxform.errors import CheckpointFormatError, quote_keys
 from ckptxform.sources.base import TensorInfo
+from ckptxform.sources.strict_json import check_unicode, json_type, parse_json_object, quote_short, show_value
 
 #: The largest header accepted, as in the safetensors Rust crate (``MAX_HEADER_SIZE``):
 #: a bigger length is corruption or an attempt to make us allocate gigabytes.
@@ -111,21 +110,21 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointFormatError(
-            f"{label}: has no 'weight_map' object (got {_show(weight_map)}); a shard "
+            f"{label}: has no 'weight_map' object (got {show_value(weight_map)}); a shard "
             "index maps each tensor name to its shard file (re-download the index)",
             path=label,
         )
     for key, shard in weight_map.items():
         if not isinstance(shard, str):
             raise CheckpointFormatError(
-                f"{label}: weight_map maps {_quote(key)} to {_show(shard)}; "
+                f"{label}: weight_map maps {quote_short(key)} to {show_value(shard)}; "
                 "each tensor must map to a shard file name",
                 path=label,
                 key=key,
             )
         if not _is_plain_file_name(shard):
             raise CheckpointFormatError(
-                f"{label}: weight_map maps {_quote(key)} to {_quote(shard)}, which is not "
+                f"{label}: weight_map maps {quote_short(key)} to {quote_short(shard)}, which is not "
                 "a plain file name; shards must sit next to the index (no '/', '\\', "
                 "'..' or absolute paths)",
                 path=label,
@@ -133,7 +132,7 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
             )
         if not shard.endswith(shard_suffix):
             raise CheckpointFormatError(
-                f"{label}: weight_map maps {_quote(key)} to {_quote(shard)}, but this "
+                f"{label}: weight_map maps {quote_short(key)} to {quote_short(shard)}, but this "
                 f"index must name {shard_suffix} shards",
                 path=label,
                 key=key,
@@ -155,8 +154,8 @@ def check_index_matches_shards(
     for key in sorted(homes):
         if len(homes[key]) > 1:
             raise CheckpointFormatError(
-                f"{label}: tensor {_quote(key)} is stored in both {_quote(homes[key][0])} "
-                f"and {_quote(homes[key][1])}; a tensor must live in one shard "
+                f"{label}: tensor {quote_short(key)} is stored in both {quote_short(homes[key][0])} "
+                f"and {quote_short(homes[key][1])}; a tensor must live in one shard "
                 "(re-save the checkpoint)",
                 path=label,
                 key=key,
@@ -168,10 +167,10 @@ def check_index_matches_shards(
     if absent:
         shard = min(absent)
         keys = sorted(absent[shard])
-        elsewhere = [f"{_quote(k)} is in {_quote(homes[k][0])}" for k in keys if k in homes]
+        elsewhere = [f"{quote_short(k)} is in {quote_short(homes[k][0])}" for k in keys if k in homes]
         hint = f" ({elsewhere[0]})" if elsewhere else ""
         raise CheckpointFormatError(
-            f"{label}: maps {quote_keys(keys, 3)} to shard {_quote(shard)}, which does not "
+            f"{label}: maps {quote_keys(keys, 3)} to shard {quote_short(shard)}, which does not "
             f"hold {'it' if len(keys) == 1 else 'them'}{hint}; the index and the shards "
             "disagree (re-download both)",
             path=label,
@@ -187,83 +186,12 @@ def check_index_matches_shards(
         keys = unlisted[shard]
         them = "it" if len(keys) == 1 else "them"
         raise CheckpointFormatError(
-            f"{label}: shard {_quote(shard)} holds {quote_keys(keys, 3)}, which the index "
+            f"{label}: shard {quote_short(shard)} holds {quote_keys(keys, 3)}, which the index "
             f"does not list, so loaders would silently drop {them}; add {them} to weight_map "
             "or re-save the checkpoint",
             path=label,
             key=keys[0],
         )
-
-
-def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[str, Any]:
-    """``blob`` as one JSON object, read strictly: UTF-8, no key twice in any object (json
-    keeps the last silently), no NaN/Infinity nor a number beyond a float (not JSON, or read
-    as infinity; written back they make invalid JSON). Every problem is a CheckpointFormatError naming ``label`` and ending in ``fix``."""
-    try:
-        text = blob.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointFormatError(
-            f"{label}: {what} is not UTF-8 (byte {exc.start}: {exc.reason}); {fix}",
-            path=label,
-        ) from None
-
-    def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        # json's default keeps the last of two equal keys; a reader that kept the
-        # first would see a different tensor, so a repeated name is refused outright.
-        obj: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in obj:
-                raise CheckpointFormatError(
-                    f"{label}: {what} has key {_quote(key)} twice in one JSON object; "
-                    "each name must appear once (the file is corrupt or crafted)",
-                    path=label,
-                    key=key,
-                )
-            obj[key] = value
-        return obj
-
-    def finite_float(number: str) -> float:
-        # 1e400 is JSON, but a float cannot hold it: json reads it as inf, written back as Infinity
-        value = float(number)
-        if not math.isfinite(value):
-            raise CheckpointFormatError(
-                f"{label}: {what} holds the number {_cut(number)}, beyond a 64-bit float (written back it "
-                f"would be Infinity, which is not JSON); {fix}",
-                path=label,
-            )
-        return value
-
-    try:
-        value = json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant,
-                           parse_float=finite_float)
-    except CheckpointFormatError:
-        raise
-    except json.JSONDecodeError as exc:
-        raise CheckpointFormatError(
-            f"{label}: {what} is not valid JSON ({exc.msg} at line {exc.lineno} column "
-            f"{exc.colno}); {fix}",
-            path=label,
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        # ValueError: an integer of more digits than Python parses, or NaN/Infinity;
-        # RecursionError: nesting deeper than the parser's stack.
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else _cut(str(exc))
-        raise CheckpointFormatError(
-            f"{label}: {what} is not valid JSON ({reason}); {fix}",
-            path=label,
-        ) from None
-    if not isinstance(value, dict):
-        raise CheckpointFormatError(
-            f"{label}: {what} must be a JSON object, got {_json_type(value)}; {fix}",
-            path=label,
-        )
-    for key in value:
-        _check_unicode(key, label, f"{what} key")
-    return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _parse_metadata(raw: Any, label: str) -> dict[str, str]:
@@ -272,19 +200,19 @@ def _parse_metadata(raw: Any, label: str) -> dict[str, str]:
         return {}
     if not isinstance(raw, dict):
         raise CheckpointFormatError(
-            f"{label}: __metadata__ must be an object of strings, got {_json_type(raw)}",
+            f"{label}: __metadata__ must be an object of strings, got {json_type(raw)}",
             path=label,
         )
     for key, value in raw.items():
         if not isinstance(value, str):
             raise CheckpointFormatError(
-                f"{label}: __metadata__ must map strings to strings; {_quote(key)} holds "
-                f"{_json_type(value)} {_show(value)}",
+                f"{label}: __metadata__ must map strings to strings; {quote_short(key)} holds "
+                f"{json_type(value)} {show_value(value)}",
                 path=label,
                 key=key,
             )
-        _check_unicode(key, label, "__metadata__ key")
-        _check_unicode(value, label, f"__metadata__ value of {_quote(key)}")
+        check_unicode(key, label, "__metadata__ key")
+        check_unicode(value, label, f"__metadata__ value of {quote_short(key)}")
     return raw
 
 
@@ -293,22 +221,22 @@ def _parse_entry(
 ) -> tuple[str, tuple[int, ...], int, int]:
     def fail(problem: str) -> CheckpointFormatError:
         return CheckpointFormatError(
-            f"{label}: tensor {_quote(key)}: {problem}", path=label, key=key
+            f"{label}: tensor {quote_short(key)}: {problem}", path=label, key=key
         )
 
     # Fields other than these three are ignored, as the safetensors crate does.
     if not isinstance(entry, dict):
         raise fail(
-            f"entry must be an object with dtype, shape and data_offsets, got {_json_type(entry)}"
+            f"entry must be an object with dtype, shape and data_offsets, got {json_type(entry)}"
         )
     missing = [field for field in _ENTRY_FIELDS if field not in entry]
     if missing:
         raise fail(f"entry has no {', '.join(repr(m) for m in missing)}")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-        raise fail(f"unknown dtype {_show(dtype)} (known: {', '.join(sorted(DTYPE_SIZES))})")
+        raise fail(f"unknown dtype {show_value(dtype)} (known: {', '.join(sorted(DTYPE_SIZES))})")
     if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
-        raise fail(f"shape must be a list of non-negative 64-bit integers, got {_show(shape)}")
+        raise fail(f"shape must be a list of non-negative 64-bit integers, got {show_value(shape)}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
@@ -317,7 +245,7 @@ def _parse_entry(
     ):
         raise fail(
             "data_offsets must be two non-negative 64-bit integers [begin, end] with "
-            f"begin <= end, got {_show(offsets)}"
+            f"begin <= end, got {show_value(offsets)}"
         )
     begin, end = offsets
     if data_size is not None and end > data_size:
@@ -342,27 +270,14 @@ def _check_no_overlap(spans: list[tuple[int, int, str]], label: str) -> None:
     for begin, end, key in sorted(s for s in spans if s[0] < s[1]):
         if previous is not None and begin < previous[1]:
             raise CheckpointFormatError(
-                f"{label}: tensors {_quote(previous[2])} [{previous[0]}, {previous[1]}] and "
-                f"{_quote(key)} [{begin}, {end}] overlap; each tensor needs its own bytes "
+                f"{label}: tensors {quote_short(previous[2])} [{previous[0]}, {previous[1]}] and "
+                f"{quote_short(key)} [{begin}, {end}] overlap; each tensor needs its own bytes "
                 "(the file is corrupt or crafted)",
                 path=label,
                 key=key,
             )
         if previous is None or end > previous[1]:
             previous = (begin, end, key)
-
-
-def _check_unicode(text: str, label: str, what: str) -> None:
-    # JSON escapes can encode lone surrogates ("\ud800") that no UTF-8 writer can
-    # write back; the safetensors crate refuses them too.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise CheckpointFormatError(
-            f"{label}: {what} {_quote(text)} is not valid Unicode (a lone surrogate escape); "
-            "the file is corrupt or crafted",
-            path=label,
-        ) from None
 
 
 def _is_plain_file_name(name: str) -> bool:
@@ -373,36 +288,3 @@ def _is_u64(value: Any) -> bool:
     # JSON true/false arrive as bool, a subclass of int. The safetensors crate reads
     # shapes and offsets as 64-bit unsigned integers, so larger ones are refused too.
     return type(value) is int and 0 <= value < 2**64
-
-
-def _json_type(value: Any) -> str:
-    names = {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        type(None): "null",
-    }
-    return names.get(type(value), type(value).__name__)
-
-
-def _show(value: Any) -> str:
-    """A JSON value for a message: one line, cut to a readable length."""
-    if isinstance(value, str):
-        return _quote(value)
-    try:
-        text = json.dumps(value)
-    except (ValueError, RecursionError):
-        text = _json_type(value)
-    return _cut(text)
-
-
-def _quote(text: str) -> str:
-    return _cut(repr(text))
-
-
-def _cut(text: str, limit: int = 80) -> str:
-    text = re.sub(r"\s+", " ", text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
