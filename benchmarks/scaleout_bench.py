@@ -87,11 +87,12 @@ def main() -> None:
     ap.add_argument("--size", default="1GB")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-ray", action="store_true")
+    ap.add_argument("--skip-jobs", action="store_true", help="only the Ray scenario")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckptxform-scaleout-"))
     try:
-        results = jobs_scenario(work / "jobs", parse_size(args.size), args.reps)
+        results = {} if args.skip_jobs else jobs_scenario(work / "jobs", parse_size(args.size), args.reps)
         lines = ["| job | median (s) | best (s) | / --jobs 1 | peak RSS (MB) |", "|---|---|---|---|---|"]
         for name, r in results.items():
             one = results[name.replace("--jobs 2", "--jobs 1")]
