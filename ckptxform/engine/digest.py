@@ -102,6 +102,8 @@ def _sha256(obj: Any) -> str:
 
 def _canonical(value: Any) -> Any:
     """``value`` as plain JSON data: dataclasses by field (positions left out), tuples as lists."""
+    if value is None or isinstance(value, (str, int, float)):  # first: a plan holds row maps of 32,000 ids
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {"type": type(value).__name__,
                 **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
