@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,7 +119,7 @@ class JobDir:
         """Where this process writes shards before they are committed: one directory per
         process (and host: ranks on a shared filesystem), so a straggler of a killed run
         can never rename another run's file."""
-        return self.path / _PARTIAL / f"{socket.gethostname()}-{os.getpid()}"
+        return self.path / _PARTIAL / f"{os.uname().nodename}-{os.getpid()}"
 
     def open(self, layout: OutputLayout, *, resume: bool, discard_others: bool = True,
              mine: list[str] | None = None, must_exist: bool = False) -> dict[str, ShardRecord]:
@@ -237,7 +236,7 @@ class JobDir:
             raise io_error("removing the interrupted job", path, err) from None
 
     def _write_atomic(self, path: Path, obj: Any) -> None:
-        part = path.with_name(f"{path.name}.{socket.gethostname()}-{os.getpid()}.tmp")
+        part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
         part.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
         if self.fsync:
             _fsync(part)

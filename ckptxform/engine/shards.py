@@ -14,13 +14,11 @@ reaches the run as one error naming its shard (``shard_error``), in either execu
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field
 
 from ..errors import CkptxformError, OutputError
@@ -139,6 +137,9 @@ def run_in_processes(tasks: Sequence[ShardTask], jobs: int, done: Callable[[Shar
     """Run ``tasks`` in ``jobs`` worker processes, calling ``done`` with each record as it
     arrives. A task's error ends the run as ``shard_error`` makes it; a worker that dies
     is one OutputError naming the shards that were running, never a hang."""
+    import multiprocessing  # here: a run in one process does not pay for importing it
+    from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
+
     context = multiprocessing.get_context("spawn")  # no inherited threads, locks or sockets
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_started,
                                initargs=(os.getpid(),))

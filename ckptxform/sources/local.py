@@ -37,7 +37,6 @@ from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import check_index_matches_shards, read_header
 from ckptxform.sources.strict_json import parse_json_object
-from ckptxform.sources.torch_bin import bin_infos, load_torch_file, tensor_bytes
 
 CONFIG = "config.json"
 #: a model's config.json is a few KiB; a bound keeps a crafted one from filling memory
@@ -113,6 +112,8 @@ class LocalCheckpoint(Checkpoint):
         if length == 0:
             return b""
         if info.file in self._bin_tensors:
+            from ckptxform.sources.torch_bin import tensor_bytes
+
             return tensor_bytes(self._bin_tensors[info.file][info.key], start, length)
         try:
             blob = _pread(self._descriptor(info.file), info.offset + start, length)
@@ -224,6 +225,8 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
         bin_tensors: dict[str, dict[str, Any]] = {}
     else:
         pins.update((f, pin_path(layout.root / f)) for f in layout.files)  # before loading
+        from ckptxform.sources.torch_bin import bin_infos, load_torch_file  # ctypes, pickle: for .bin/.pth only
+
         bin_tensors = {f: load_torch_file(layout.root / f) for f in layout.files}
         per_file = {f: bin_infos(f, ts) for f, ts in bin_tensors.items()}
         metadata = {}
