@@ -238,7 +238,7 @@ def _refuse_across_filesystems(*args: object) -> int:
 def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, algorithm: str, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # several tensors from two source files, one copied in two parts, one mixed with writes:
-    # hashing runs on other threads after copy_from returns and must still follow byte order.
+    # hashing runs on other threads after copy_runs returns and must still follow byte order.
     # Where the kernel cannot copy (another filesystem, no copy_file_range), a buffer does.
     if kernel == "EXDEV":
         monkeypatch.setattr(os, "copy_file_range", _refuse_across_filesystems)
@@ -253,13 +253,13 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, algor
     layout = plan_layout([u8(k, len(v)) for k, v in tensors.items()], max_shard_size=4 * MiB)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:
-            shards.copy_from("x", tmp_path / "a.bin", 4, MiB)
-            shards.copy_from("x", tmp_path / "a.bin", 4 + MiB, len(a) - MiB)
-            shards.copy_from("y", tmp_path / "b.bin", 0, MiB)
-            shards.copy_from("z", tmp_path / "b.bin", MiB, len(b) - MiB)
+            shards.copy_runs("x", tmp_path / "a.bin", [(4, MiB)])
+            shards.copy_runs("x", tmp_path / "a.bin", [(4 + MiB, len(a) - MiB)])
+            shards.copy_runs("y", tmp_path / "b.bin", [(0, MiB)])
+            shards.copy_runs("z", tmp_path / "b.bin", [(MiB, len(b) - MiB)])
             shards.write("z", a[:5])
             shards.write("w", a[1:MiB])
-            shards.copy_from("w", tmp_path / "a.bin", 4 + MiB, len(a) - MiB)
+            shards.copy_runs("w", tmp_path / "a.bin", [(4 + MiB, len(a) - MiB)])
             for key in tensors:
                 shards.finish_tensor(key)
         od.commit()
@@ -276,7 +276,7 @@ def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_pa
     with pytest.raises(CkptxformError) as err:
         with OutputDir(tmp_path / "out") as od:
             with ShardWriter(od, layout) as shards:
-                shards.copy_from("w", src, 0, 4 * MiB)  # past the end of the source
+                shards.copy_runs("w", src, [(0, 4 * MiB)])  # past the end of the source
                 shards.finish_tensor("w")
             od.commit()
     assert "src.bin" in str(err.value) and "truncated" in str(err.value)
@@ -308,7 +308,7 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
     layout = plan_layout([u8("w", len(data))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:
-            shards.copy_from("w", src, 4, len(data))
+            shards.copy_runs("w", src, [(4, len(data))])
             shards.finish_tensor("w")
         od.commit()
     assert len(copies) == 4
@@ -334,7 +334,7 @@ def test_an_output_filesystem_that_cannot_map_files_is_hashed_by_reading_back(
     layout = plan_layout([u8("w", len(data)), u8("v", 5)], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout) as shards:
-            shards.copy_from("w", src, 0, len(data))
+            shards.copy_runs("w", src, [(0, len(data))])
             shards.finish_tensor("w")
             shards.write("v", b"hello")
             shards.finish_tensor("v")

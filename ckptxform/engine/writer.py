@@ -2,7 +2,7 @@
 
 ``ShardWriter`` writes the header from the layout, then the executor streams each
 tensor's bytes to its offset chunk by chunk (``pwrite``) or has the kernel copy them from
-a source file (``copy_from``), so memory stays bounded by a chunk. Every tensor is hashed
+a source file (``copy_runs``), so memory stays bounded by a chunk. Every tensor is hashed
 (BLAKE3, or sha256 on request: ckptxform.tensor_digest) from the output file, on background
 threads, while the next bytes move.
 
@@ -165,7 +165,7 @@ class _TensorState:
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
         self.placement = placement
-        #: bytes given to ``write``/``copy_from`` so far; of those, in the file; of those, hashed
+        #: bytes given to ``write``/``copy_runs`` so far; of those, in the file; of those, hashed
         self.written = self.placed = self.hashed = 0
         self.hasher = new_hasher(algorithm)
         self.finished = False
@@ -222,8 +222,8 @@ def _write_error(out: WriteTarget, file: str, err: OSError) -> OutputError:
 class ShardWriter:
     """Creates the shard files of ``layout`` in ``out.tmp_path`` and streams tensors into them.
 
-    ``write`` places the next chunk of a tensor at its offset and ``copy_from`` has the
-    kernel copy it from a source file; ``finish_tensor`` checks the byte count; ``close``
+    ``write`` places the next chunk of a tensor at its offset and ``copy_runs`` has the
+    kernel copy the next runs of a source file; ``finish_tensor`` checks the byte count; ``close``
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
     is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS).
 
@@ -238,10 +238,11 @@ class ShardWriter:
         self.out = out
         self.layout = layout
         self.algorithm = check_digest(algorithm)
+        self._mapped = algorithm in _MAPPED_DIGESTS
         self._tensors = {key: _TensorState(p, algorithm) for key, p in layout.placements.items()}
         self._fds: dict[str, int] = {}
         self._file_locks = {shard.file: threading.Lock() for shard in layout.shards}
-        #: source files of ``copy_from``, opened once each
+        #: source files of ``copy_runs``, opened once each
         self._src_fds: dict[Path, int] = {}
         self._lanes: list[ThreadPoolExecutor] = []
         #: bytes each hash thread has yet to hash of the tensors given to it
@@ -297,16 +298,11 @@ class ShardWriter:
             raise self._error(file, err) from None
         self._placed(state, offset, view.nbytes)
 
-    def copy_from(self, key: str, src: Path, src_offset: int, length: int) -> None:
-        """Write the next ``length`` bytes of tensor ``key`` by copying them from file ``src``
-        at ``src_offset`` inside the kernel (``copy_file_range``: no trip through Python
-        memory, as ``cp`` does), a piece at a time."""
-        self.copy_runs(key, src, [(src_offset, length)])
-
     def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
         """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
-        ``src`` in turn, copied inside the kernel; runs of at most _COPY_PIECE bytes together
-        are one piece (the many short runs of a row gather cost a system call each, no more)."""
+        ``src`` in turn, copied inside the kernel (``copy_file_range``: no trip through
+        Python memory, as ``cp`` does); runs of at most _COPY_PIECE bytes together are one
+        piece (the many short runs of a row gather cost a system call each, no more)."""
         runs = [(offset + done, min(_COPY_PIECE, length - done))  # a long run is several pieces
                 for offset, length in runs for done in range(0, length, _COPY_PIECE)]
         src_fd = self._source_fd(src)
@@ -424,7 +420,7 @@ class ShardWriter:
     def _hash_range(self, lane: int, hasher: Hasher, file: str, offset: int, length: int) -> None:
         """A hash job, on hash thread ``lane``."""
         try:
-            _hash_written(hasher, self._fds[file], offset, length, mapped=self.algorithm in _MAPPED_DIGESTS)
+            _hash_written(hasher, self._fds[file], offset, length, mapped=self._mapped)
         except OSError as err:
             raise io_error("reading back", self.out.out / file, err) from None
         finally:
