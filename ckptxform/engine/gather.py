@@ -18,7 +18,7 @@ from ..errors import PlanError, printable
 from ..ops.decode import cast_bytes, tensor_bytes
 from ..rules.model import MissingRows
 from ..sources.base import TensorInfo
-from .recipes import CHUNK_BYTES, Chunk, Piece, Recipe, Sources, TensorRef
+from .recipes import Chunk, Piece, Recipe, Sources, TensorRef, rows_per_chunk
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class GatherRows(Recipe):
         info = ckpt.tensors[self.key]
         width = info.row_nbytes
         fill = _Filler(self, plan, info.dtype, info.shape[1:], width)
-        block = max(1, CHUNK_BYTES // max(1, width))
+        block = rows_per_chunk(width)
         # One buffer refilled for every block: the writer is done with a chunk when its
         # write returns, and new memory costs page faults (0.1-0.8 s of system time for a
         # 400 MB lm_head on a vm) where refilling costs nothing.
@@ -114,7 +114,7 @@ class GatherRows(Recipe):
             elif fill is not None:
                 yield from _row_pieces(fill, [target for _, target in pairs], width)
             else:
-                block = max(1, CHUNK_BYTES // max(1, width))
+                block = rows_per_chunk(width)
                 for first in range(0, len(pairs), block):
                     count = min(block, len(pairs) - first)
                     buf = memoryview(bytearray(count * width))
@@ -204,7 +204,7 @@ class _Filler:
         info = ckpt.tensors[self.recipe.key]
         present = sorted({r for r in self.recipe.rows if r >= 0})
         total = torch.zeros(self.row_shape, dtype=torch.float64)
-        block = max(1, CHUNK_BYTES // max(1, self.width))
+        block = rows_per_chunk(self.width)
         for i in range(0, len(present), block):
             chunk = ckpt.read_rows(info, present[i:i + block])
             for raw in chunk.values():

@@ -30,6 +30,13 @@ from ..vocab import VocabMap
 
 #: bytes moved per read/write; bounds memory per tensor being copied or gathered
 CHUNK_BYTES = 16 << 20
+
+
+def rows_per_chunk(row_nbytes: int) -> int:
+    """How many rows of ``row_nbytes`` bytes a chunk holds (at least one)."""
+    return max(1, CHUNK_BYTES // max(1, row_nbytes))
+
+
 #: runs at least this long are copied by the kernel when their file is local
 KERNEL_RUN_MIN = 1 << 20
 
@@ -266,7 +273,7 @@ class InputReader:
 
     def _decode(self, block: Block, start: int, length: int) -> tuple[int, bytes]:
         row = prod(block.shape[1:]) * DTYPE_SIZES[block.dtype] if block.shape else DTYPE_SIZES[block.dtype]
-        step = max(1, CHUNK_BYTES // max(1, row))
+        step = rows_per_chunk(row)
         first = start // row // step * step
         stop = max(first + step, -(-(start + length) // row))
         stop = min(stop, block.shape[0] if block.shape else 1)
