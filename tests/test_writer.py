@@ -344,6 +344,27 @@ def test_an_output_filesystem_that_cannot_map_files_is_hashed_by_reading_back(
     assert shards.digest("v") == reference_digest("blake3", b"hello")
 
 
+def test_an_output_cut_short_before_it_is_read_back_is_one_clear_error_and_no_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read back (sha256, or a filesystem without mmap), the output must hold what was
+    written: a file cut short under the run is an error naming it, not a digest of less."""
+    import ckptxform.engine.writer as writer
+
+    monkeypatch.setattr(writer, "_HASH_WINDOW", 1 << 40)  # hashed only when the tensor is finished
+    layout = plan_layout([u8("w", MiB)], max_shard_size=None)
+    with pytest.raises(OutputError) as err:
+        with OutputDir(tmp_path / "out") as od:
+            with ShardWriter(od, layout, algorithm="sha256") as shards:
+                shards.write("w", os.urandom(MiB))
+                os.truncate(od.tmp_path / "model.safetensors", MiB // 2)
+                shards.finish_tensor("w")
+            od.commit()
+    assert str(err.value) == (f"reading back {str(tmp_path / 'out' / 'model.safetensors')!r} failed: the file "
+                              "is shorter than what was written to it; check the output directory or choose "
+                              "another --out")
+    assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == []
+
+
 @pytest.mark.parametrize("algorithm", DIGESTS)
 def test_copy_runs_places_scattered_runs_in_order(algorithm: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
