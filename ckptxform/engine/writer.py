@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import mmap
 import os
 import signal
 import sys
@@ -50,15 +49,8 @@ from .outdir import io_error
 #: hash threads; each tensor is hashed on one of them, in order, so two tensors hash at
 #: once: BLAKE3 outruns the kernel copy on one, sha256 (~1.2 GB/s a core) needs both cores
 _HASH_THREADS = 2
-#: a tensor's bytes are hashed once this many more are in the file (and when it is
-#: finished), through a mapping of at most this many bytes at a time (mapped pages count
-#: in the RSS)
+#: a tensor's bytes are hashed once this many more are in the file (and when it is finished)
 _HASH_WINDOW = 16 << 20
-#: digests hashed through a mapping of the output; the others read it back through a 1 MiB
-#: buffer. Measured on this project's vm: BLAKE3 hashes a 450 MB file in 0.08 s mapped,
-#: 0.11 s read back; sha256 runs at 1.0 GB/s mapped and 1.35 GB/s read back during a
-#: rename (it is slower than memory, and a reused buffer stays in the core's cache)
-_MAPPED_DIGESTS = frozenset({"blake3"})
 #: bytes copied in the kernel at once: each piece is hashed while the next one copies
 #: (so a shard's last hash ends ~3 ms after its last copy), and another thread's write to
 #: the same file waits at most one piece
@@ -69,33 +61,11 @@ _COPY_BLOCK = 8 << 20
 _WRITEBACK_MIN = 1 << 20
 
 
-def _hash_written(hasher: Hasher, fd: int, offset: int, length: int, *, mapped: bool) -> None:
-    """Feed bytes ``offset:offset+length`` of output file ``fd`` to ``hasher``, read where the
-    write or copy just put them. ``mapped``: through a mapping of the page cache, so the
-    bytes are not copied again (a second read of a copied range costs as much system time
-    as hashing it with BLAKE3); otherwise (and where the filesystem cannot map files) read
-    back through a small buffer. The file is this run's own temporary output, which nobody
-    truncates under the mapping; a source file never is mapped (a truncated source would
-    be SIGBUS, not an error)."""
-    if not mapped:
-        _read_back(hasher, fd, offset, length)
-        return
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: one fault, not one per page
-    end = offset + length
-    while offset < end:
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        size = min(end, start + _HASH_WINDOW) - start
-        try:
-            mapping = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ, offset=start)
-        except OSError:  # e.g. ENODEV: a FUSE or network filesystem without mmap
-            _read_back(hasher, fd, offset, end - offset)
-            return
-        with mapping, memoryview(mapping) as whole, whole[offset - start:] as view:
-            hasher.update(view)
-        offset = start + size
-
-
-def _read_back(hasher: Hasher, fd: int, offset: int, length: int) -> None:
+def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
+    """Feed bytes ``offset:offset+length`` of output file ``fd`` to ``hasher``, read back
+    where the write or copy just put them (from the page cache) through one reused 1 MiB
+    buffer, on a hash thread: the copy runs on another core meanwhile. Never through a
+    mapping: an output file cut short under the run would be SIGBUS, not an error."""
     if hash_range(hasher, fd, offset, length) < length:
         raise OSError(errno.EIO, "the file is shorter than what was written to it")
 
@@ -227,18 +197,17 @@ class ShardWriter:
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
     is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS).
 
-    Every byte is hashed from the output file, where it landed: a tensor's bytes a window
-    at a time as they arrive, on one of two hash threads (the hashers release the GIL),
-    while the next bytes move. So nothing waits for a hash before ``close``, a caller may
-    refill its buffer as soon as ``write`` returns, and a copied byte is read once, by the
-    copy. Writes into one file are serialised (a copy a piece at a time).
+    Every byte is hashed from the output file, read back where it landed: a tensor's bytes
+    a window at a time as they arrive, on one of two hash threads (the hashers release the
+    GIL), while the next bytes move. So the digest is of what the file holds, nothing waits
+    for a hash before ``close``, and a caller may refill its buffer as soon as ``write``
+    returns. Writes into one file are serialised (a copy a piece at a time).
     """
 
     def __init__(self, out: WriteTarget, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
         self.out = out
         self.layout = layout
         self.algorithm = check_digest(algorithm)
-        self._mapped = algorithm in _MAPPED_DIGESTS
         self._tensors = {key: _TensorState(p, algorithm) for key, p in layout.placements.items()}
         self._fds: dict[str, int] = {}
         self._file_locks = {shard.file: threading.Lock() for shard in layout.shards}
@@ -260,7 +229,7 @@ class ShardWriter:
         try:
             for shard in self.layout.shards:
                 path = self.out.tmp_path / shard.file
-                try:  # read as well: copied ranges are hashed through a mapping of the file
+                try:  # read as well: every byte is hashed by reading it back
                     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 except OSError as err:
                     raise self._error(shard.file, err) from None
@@ -420,7 +389,7 @@ class ShardWriter:
     def _hash_range(self, lane: int, hasher: Hasher, file: str, offset: int, length: int) -> None:
         """A hash job, on hash thread ``lane``."""
         try:
-            _hash_written(hasher, self._fds[file], offset, length, mapped=self._mapped)
+            _hash_written(hasher, self._fds[file], offset, length)
         except OSError as err:
             raise io_error("reading back", self.out.out / file, err) from None
         finally:
