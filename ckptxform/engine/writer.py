@@ -63,8 +63,8 @@ _WRITEBACK_MIN = 1 << 20
 
 def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
     """Feed bytes ``offset:offset+length`` of output file ``fd`` to ``hasher``, read back
-    where the write or copy just put them (from the page cache) through one reused 1 MiB
-    buffer, on a hash thread: the copy runs on another core meanwhile. Never through a
+    where the write or copy just put them (from the page cache) through a 1 MiB buffer, on
+    a hash thread: the copy runs on another core meanwhile. Never through a
     mapping: an output file cut short under the run would be SIGBUS, not an error."""
     if hash_range(hasher, fd, offset, length) < length:
         raise OSError(errno.EIO, "the file is shorter than what was written to it")
