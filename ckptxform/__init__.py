@@ -5,11 +5,11 @@
 >>> result = ckptxform.apply(rules, out="out", sources={...})       # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from .api import apply, plan  # noqa: E402
-from .engine.execute import ApplyResult  # noqa: E402
-from .engine.planner import Plan  # noqa: E402
+from .engine.run.execute import ApplyResult  # noqa: E402
+from .engine.plan.planner import Plan  # noqa: E402
 from .errors import CkptxformError  # noqa: E402
 from .rules.loader import load_rules  # noqa: E402
 from .rules.model import RuleSet  # noqa: E402

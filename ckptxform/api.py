@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .tensor_digest import DEFAULT_DIGEST
-from .engine.execute import ApplyResult, execute
-from .engine.job import RunOptions
-from .engine.planner import Plan, build_plan, needed_sources
+from .engine.run.execute import ApplyResult, execute
+from .engine.run.job import RunOptions
+from .engine.plan.planner import Plan, build_plan, needed_sources
 from .log import logger
 from .rules.loader import load_rules
 from .rules.model import RuleSet

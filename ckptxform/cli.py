@@ -134,7 +134,7 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
 @reports_errors
 def list_rules(as_json: bool) -> None:
     """List the shipped rule library: each rule's name, description and default sources."""
-    from .rules.library import shipped_rules
+    from .rules.catalogue import shipped_rules
 
     shipped = shipped_rules()
     if as_json:
@@ -336,7 +336,7 @@ def demo(out: str | None, force: bool) -> None:
 @reports_errors
 def verify(out: str, as_json: bool) -> None:
     """Re-read every tensor of OUT and check it against OUT's audit log (digests, shapes, index, config)."""
-    from .verify import verify as check
+    from .engine.output.verify import verify as check
 
     result = check(out)
     if as_json:

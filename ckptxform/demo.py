@@ -15,8 +15,8 @@ from pathlib import Path
 
 from . import api
 from ._data import data_dir
-from .engine.execute import ApplyResult
-from .engine.planner import Plan
+from .engine.run.execute import ApplyResult
+from .engine.plan.planner import Plan
 from .errors import OutputError
 
 

@@ -11,9 +11,11 @@ the audit pass it too): a token echoed by a server never reaches a terminal or a
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 #: what is left of a secret in a message
 REDACTED = "***"
@@ -207,3 +209,17 @@ def quote_keys(keys: Iterable[str], limit: int = 8) -> str:
     if len(ordered) > limit:
         shown += f" and {len(ordered) - limit} more"
     return shown or "(none)"
+
+
+def io_error(action: str, path: Path | str, err: OSError) -> OutputError:
+    """The one-line message for a failed write, with the fix that fits the errno."""
+    fixes = {
+        errno.ENOSPC: "free space or choose another --out",
+        errno.EDQUOT: "free space within your quota or choose another --out",
+        errno.EFBIG: "raise the file size limit (ulimit -f) or set a smaller output.max_shard_size",
+        errno.EACCES: "check the permissions of the output directory or choose another --out",
+        errno.EROFS: "choose an --out on a writable filesystem",
+    }
+    reason = err.strerror or str(err)
+    fix = fixes.get(err.errno or 0, "check the output directory or choose another --out")
+    return OutputError(f"{action} {str(path)!r} failed: {reason}; {fix}", path=str(path))

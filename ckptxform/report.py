@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine.execute import ApplyResult
-from .engine.planner import Plan
-from .engine.gather import GatherRows
-from .engine.recipes import TensorRecord
+from .engine.run.execute import ApplyResult
+from .engine.plan.planner import Plan
+from .engine.plan.gather import GatherRows
+from .engine.plan.recipes import TensorRecord
 from .errors import printable, quote_keys, terminal_line
 from .sources.base import Checkpoint
 

@@ -30,7 +30,7 @@ CLIENT_PRELUDE = """
 import json, os, sys
 from loguru import logger
 from ckptxform.errors import CkptxformError
-from ckptxform.sources.hub import Retry, open_hub
+from ckptxform.sources.hub.checkpoint import Retry, open_hub
 
 logger.enable("ckptxform")  # a library is silent unless asked: these clients check its warnings
 

@@ -39,7 +39,7 @@ import pytest
 from conftest import read_audit, source_args
 
 from ckptxform.standins import KIMI_K2, HeadlineStandins, build_headline_standins
-from ckptxform.verify import verify
+from ckptxform.engine.output.verify import verify
 
 #: large enough that writing the output (3.5 MB, fsynced) is a phase a kill can land in
 CRASH_DIMS = KIMI_K2.scaled(hidden=256, head_dim=16, vocab=16384, draft_vocab=2048)

@@ -238,8 +238,8 @@ def test_permuted_rows_are_the_same_bytes_by_kernel_copies_or_the_stream(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A local lm_head is gathered by kernel copies of its row runs, a Hub one (or with a
     cast) streamed through memory: the same bytes."""
-    import ckptxform.engine.gather as gather
-    from ckptxform.engine.writer import ShardWriter
+    import ckptxform.engine.plan.gather as gather
+    from ckptxform.engine.run.writer import ShardWriter
 
     rule = rule_variant({MISSING_ROWS_FROM_VERIFIER: fill}) if fill != MISSING_ROWS_FROM_VERIFIER else rule_variant({})
     copied: list[str] = []

@@ -19,8 +19,8 @@ import pytest
 from conftest import read_audit, source_args
 
 from ckptxform import api
-from ckptxform.engine.gather import GatherRows
-from ckptxform.engine.recipes import CopyTensor, VocabField
+from ckptxform.engine.plan.gather import GatherRows
+from ckptxform.engine.plan.recipes import CopyTensor, VocabField
 from ckptxform.errors import RequirementError, SourceNotFoundError
 from ckptxform.sources.local import LocalCheckpoint
 from ckptxform.standins import HeadlineStandins, build_eagle3_drafter

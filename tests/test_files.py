@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from ckptxform import api, load_rules
 from ckptxform.errors import PlanError, RuleError
 from ckptxform.rules.file_rules import glob_pattern
-from ckptxform.verify import verify
+from ckptxform.engine.output.verify import verify
 
 #: what a served model folder holds besides its weights (path -> bytes)
 MODEL_FILES = {

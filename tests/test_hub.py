@@ -32,9 +32,9 @@ from hub_fixtures import (
 from hubserver import HubServer
 
 from ckptxform.errors import HubError, UsageError, redact, register_secret
-from ckptxform.sources.hub import SPECULATIVE_HEADER, parse_hub_location
-from ckptxform.sources.hub_fetch import PROBE_BYTES, PROBE_SMALL, link_cost, split_fetch_option
-from ckptxform.sources.hub_ranges import MAX_REQUEST, REQUEST_CPU, LinkCost, RangeCache, Span, plan_requests
+from ckptxform.sources.hub.checkpoint import SPECULATIVE_HEADER, parse_hub_location
+from ckptxform.sources.hub.fetch import PROBE_BYTES, PROBE_SMALL, link_cost, split_fetch_option
+from ckptxform.sources.hub.ranges import MAX_REQUEST, REQUEST_CPU, LinkCost, RangeCache, Span, plan_requests
 
 SENTINEL_TOKEN = "hf_SENTINELtokenMustNeverBePrinted0123"
 GATE_TOKEN = "hf_gateAccessGranted456"

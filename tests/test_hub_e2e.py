@@ -37,7 +37,7 @@ from hub_fixtures import ProxyTrap, client_env, file_requests, header_size, tens
 from hubserver import HubServer, LoggedRequest, hub_file
 
 from ckptxform import api
-from ckptxform.sources.hub import SPECULATIVE_HEADER
+from ckptxform.sources.hub.checkpoint import SPECULATIVE_HEADER
 from ckptxform.standins import KIMI_K2, HeadlineStandins, build_headline_standins
 
 RULE = "rules/aqmedai_k2_to_k25.yaml"

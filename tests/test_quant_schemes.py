@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ckptxform.engine.references import MISSING, get_path
+from ckptxform.engine.plan.references import MISSING, get_path
 from ckptxform.errors import QuantizationConfigError
 from ckptxform.quant.schemes import CompressedConfig, Found, Fp8BlockConfig, find_quantization_config
 from ckptxform.standins.configs import int4_quantization_config

@@ -103,8 +103,8 @@ def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_er
     import shutil
 
     from ckptxform import api
-    from ckptxform.engine.execute import execute
-    from ckptxform.engine.job import RunOptions
+    from ckptxform.engine.run.execute import execute
+    from ckptxform.engine.run.job import RunOptions
 
     drafter = tmp_path / "drafter"
     shutil.copytree(standins.sources["drafter"], drafter)
@@ -126,7 +126,7 @@ def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_er
 def test_tasks_take_the_runs_hub_settings_but_never_its_token() -> None:
     """A worker must plan against the Hub the run planned against; a token passed to Ray
     would be kept in the cluster's metadata."""
-    from ckptxform.engine.ray_executor import task_settings
+    from ckptxform.engine.run.ray import task_settings
 
     run_env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": "/shared/hf", "HF_HUB_OFFLINE": "1",
                "HF_TOKEN": "hf_secret", "CKPTXFORM_HUB_LINK": "rtt=0.05,bandwidth=1e5", "PATH": "/usr/bin",

@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 from ckptxform.rules.loader import load_rules
 from ckptxform.standins import HeadlineStandins
 from ckptxform.errors import VerifyError
-from ckptxform.verify import verify
+from ckptxform.engine.output.verify import verify
 
 AUDIT = "ckptxform_audit.jsonl"
 
@@ -297,7 +297,7 @@ def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out:
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The header still lists the tensor, the read comes back empty (the file shrank in
     between): one problem naming the tensor, not a hang or a traceback."""
-    import ckptxform.verify as verify_module
+    import ckptxform.engine.output.verify as verify_module
 
     out = tmp_path / "out"
     shutil.copytree(headline_out, out)
@@ -319,7 +319,7 @@ def test_verify_reports_a_weight_file_cut_short_while_it_is_hashed(headline_out:
 def test_verify_refuses_to_hash_a_weight_file_replaced_after_its_header_was_read(headline_out: Path) -> None:
     """Headers are read through one descriptor, bytes hashed through others: a file
     replaced in between would pair one file's header with another's bytes."""
-    from ckptxform.verify import _digest
+    from ckptxform.engine.output.verify import _digest
 
     weights = headline_out / "model.safetensors"
     stat = weights.stat()
@@ -468,7 +468,7 @@ SENTINEL = "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42"
 
 #: the real command, with huggingface retries at 10 ms instead of 1-8 s (the only change)
 FAST_CLI = """
-import ckptxform.sources.hub as hub
+import ckptxform.sources.hub.checkpoint as hub
 hub.open_hub.__kwdefaults__["retry"] = FAST
 from ckptxform.cli import main
 main(ARGS, prog_name="ckptxform")

@@ -26,7 +26,7 @@ from reference_models import STRUCTURAL_RULES
 from safetensors.torch import load_file, save_file
 
 from ckptxform import api
-from ckptxform.engine.execute import ApplyResult
+from ckptxform.engine.run.execute import ApplyResult
 from ckptxform.errors import PlanError, VocabMapError
 from ckptxform.rules.loader import load_rules
 from ckptxform.standins import (

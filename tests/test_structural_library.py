@@ -346,7 +346,7 @@ def test_meta_output_writes_params_json_and_verifies(runs: Callable[[Case], Run]
     """hf_llama_to_meta writes its config as params.json (output.config_file), and
     ``ckptxform verify`` checks that file, not a config.json."""
     from ckptxform.errors import VerifyError
-    from ckptxform.verify import verify
+    from ckptxform.engine.output.verify import verify
 
     run = runs(LIBRARY[-1])
     assert sorted(p.name for p in run.out.iterdir() if p.suffix != ".jsonl") == [

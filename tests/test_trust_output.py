@@ -30,11 +30,11 @@ from test_reliability import apply_args, beside, copy_drafter, flip_byte, one_er
 from test_writer import mark_as_earlier_output
 
 from ckptxform import api
-from ckptxform.engine.outdir import OutputDir
-from ckptxform.engine.writer import ShardWriter
+from ckptxform.engine.output.outdir import OutputDir
+from ckptxform.engine.run.writer import ShardWriter
 from ckptxform.errors import CkptxformError, OutputError, SourceChangedError
 from ckptxform.standins import HeadlineStandins, build_headline_standins
-from ckptxform.verify import verify
+from ckptxform.engine.output.verify import verify
 
 AUDIT = "ckptxform_audit.jsonl"
 REFUSE_FIX = "ckptxform replaces only its own earlier outputs (with --force): move it away or choose another --out"
@@ -407,7 +407,7 @@ def test_a_source_rewritten_during_apply_is_one_line_and_exit_1_from_the_cli(
         import sys
         from pathlib import Path
         from ckptxform.cli import main
-        from ckptxform.engine.writer import ShardWriter
+        from ckptxform.engine.run.writer import ShardWriter
         from test_trust_output import after_first_tensor, rewrite_in_place
         ShardWriter.finish_tensor = after_first_tensor(lambda: rewrite_in_place(Path(sys.argv[1])))
         main(sys.argv[2:], prog_name="ckptxform")
@@ -423,7 +423,7 @@ def test_a_source_rewritten_during_apply_is_one_line_and_exit_1_from_the_cli(
 
 def test_a_weight_file_replaced_between_plan_and_apply_fails_naming_it(
         headline: HeadlineStandins, headline_rule: Path, tmp_path: Path) -> None:
-    from ckptxform.engine.execute import execute
+    from ckptxform.engine.run.execute import execute
 
     sources = copy_drafter(headline, tmp_path / "drafter")
     weights = tmp_path / "drafter" / "model.safetensors"

@@ -15,7 +15,7 @@ import pytest
 from conftest import PRIVATE_CACHE, REPO, assert_clean_failure, read_audit, source_args
 
 from ckptxform import load_rules
-from ckptxform.rules.library import shipped_rules
+from ckptxform.rules.catalogue import shipped_rules
 from ckptxform.standins import HeadlineStandins
 
 SHIPPED = sorted(p.stem for p in (REPO / "rules").glob("*.yaml"))

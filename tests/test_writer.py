@@ -21,9 +21,9 @@ from safetensors.torch import load_file
 
 from ckptxform.tensor_digest import DIGESTS
 from ckptxform.dtypes import from_torch_dtype
-from ckptxform.engine.layout import OutputLayout, OutputTensorSpec, plan_layout
-from ckptxform.engine.outdir import OutputDir
-from ckptxform.engine.writer import ShardWriter
+from ckptxform.engine.plan.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ckptxform.engine.output.outdir import OutputDir
+from ckptxform.engine.run.writer import ShardWriter
 from ckptxform.errors import CkptxformError, OutputError, PlanError, UsageError
 
 MiB = 1 << 20
@@ -289,7 +289,7 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
     """The digest is of the bytes in the output: a source cut short (or rewritten) after
     its range was copied changes nothing the writer records (the run's pin check reports
     the source: test_trust_output.py), and a copy of several pieces hashes them in order."""
-    import ckptxform.engine.writer as writer
+    import ckptxform.engine.run.writer as writer
 
     monkeypatch.setattr(writer, "_COPY_PIECE", MiB)  # 3.5 pieces
     data = os.urandom(3 * MiB + MiB // 2)
@@ -321,7 +321,7 @@ def test_an_output_cut_short_before_it_is_read_back_is_one_clear_error_and_no_ou
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read back to be hashed, the output must hold what was written: a file cut short
     under the run is an error naming it, not a digest of less (nor SIGBUS)."""
-    import ckptxform.engine.writer as writer
+    import ckptxform.engine.run.writer as writer
 
     monkeypatch.setattr(writer, "_HASH_WINDOW", 1 << 40)  # hashed only when the tensor is finished
     layout = plan_layout([u8("w", MiB)], max_shard_size=None)
@@ -342,7 +342,7 @@ def test_an_output_cut_short_before_it_is_read_back_is_one_clear_error_and_no_ou
 def test_copy_runs_places_scattered_runs_in_order(algorithm: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A row gather's runs: short ones batched into pieces, a long one split, in order."""
-    import ckptxform.engine.writer as writer
+    import ckptxform.engine.run.writer as writer
 
     monkeypatch.setattr(writer, "_COPY_PIECE", 64 << 10)
     src = tmp_path / "rows.bin"
@@ -538,7 +538,7 @@ def test_an_interrupted_replacement_keeps_the_old_output_when_out_is_missing(tmp
 
 LOCK_HOLDER = """
     import sys
-    from ckptxform.engine.outdir import OutputDir
+    from ckptxform.engine.output.outdir import OutputDir
     with OutputDir(sys.argv[1]):
         print("locked", flush=True)
         sys.stdin.read()
@@ -571,9 +571,9 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_lock_is_held(tmp_p
 WRITE_4MIB = """
     import resource, signal, sys
     from pathlib import Path
-    from ckptxform.engine.layout import OutputTensorSpec, plan_layout
-    from ckptxform.engine.outdir import OutputDir
-    from ckptxform.engine.writer import ShardWriter
+    from ckptxform.engine.plan.layout import OutputTensorSpec, plan_layout
+    from ckptxform.engine.output.outdir import OutputDir
+    from ckptxform.engine.run.writer import ShardWriter
     from ckptxform.errors import OutputError
     if len(sys.argv) > 2:
         # CPython ignores SIGXFSZ at startup; restore the default an embedding host may

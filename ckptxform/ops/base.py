@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from ..dtypes import DTYPE_SIZES
 from ..errors import PlanError
-from ..rules.yaml_source import Where
+from ..where import Where
 
 
 @dataclass(frozen=True)

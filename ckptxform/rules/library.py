@@ -85,18 +85,3 @@ def locate_rules(rules: str | os.PathLike[str]) -> str:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise RuleError([f"{text!r}: no such rule file, and no shipped rule has that file stem or name "
                      f"(shipped: {', '.join(stems)}; `ckptxform rules` describes them){hint}"], path=text)
-
-
-def shipped_rules() -> tuple[ShippedRule, ...]:
-    """Every rule of the library, validated, in file-name order."""
-    from .loader import load_rules
-
-    out = []
-    for path in _library_files():
-        rules = load_rules(path)
-        data = read_yaml(path, str(path)).data
-        extends = data.get("extends") if isinstance(data, dict) else None
-        out.append(ShippedRule(stem=path.stem, name=rules.name, description=rules.description, path=path,
-                               sources={n: s.location.removeprefix("hf://") for n, s in rules.sources.items()},
-                               extends=extends if isinstance(extends, str) else None))
-    return tuple(out)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._version import __version__
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 

@@ -17,6 +17,7 @@ import yaml
 
 from ..errors import FileTooLargeError, NotAFileError, RuleError
 from ..fileio import read_small_file
+from ..where import Where
 
 MAX_FILE_BYTES = 1 << 20  # a rule file is a page of text; 1 MiB is generous
 MAX_NODES = 100_000  # bounds alias expansion ("billion laughs")
@@ -37,22 +38,7 @@ _SEQ_TAG = "tag:yaml.org,2002:seq"
 
 Path_ = tuple[str | int, ...]
 
-
-@dataclass(frozen=True)
-class Where:
-    """A position in a rule file, 1-based like editors show it."""
-
-    file: str
-    line: int
-    col: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}"
-
-    @property
-    def short(self) -> str:
-        """``FILE:LINE``, the form used in the audit log."""
-        return f"{self.file}:{self.line}"
+__all__ = ["Where", "YamlDocument", "read_yaml"]
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,7 @@ class Checkpoint(ABC):
     def fingerprint(self) -> str | None:
         """The audit's ``fingerprint`` of a source: the commit of a Hub source; for local
         files, a digest of each weight file's name, size and mtime. (Whether a rerun is up
-        to date is decided from ``pins``, see ``ckptxform.engine.digest``.)"""
+        to date is decided from ``pins``, see ``ckptxform.engine.output.digest``.)"""
         if self.commit is not None:
             return self.commit
         digest = hashlib.sha256()

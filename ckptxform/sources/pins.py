@@ -7,7 +7,7 @@ rename has another inode; so a file whose pin still matches after the run has no
 written since it was pinned. Pins serve twice: ``apply`` checks every pin just before it
 commits (a source rewritten in place mid-run fails instead of yielding an output that
 mixes old and new bytes), and the audit's run record keeps them so that a rerun can tell
-an unchanged input from a changed one (``ckptxform.engine.digest``).
+an unchanged input from a changed one (``ckptxform.engine.output.digest``).
 
 Example::
 

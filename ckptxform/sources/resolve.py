@@ -26,7 +26,7 @@ def hub_location(location: str) -> tuple[str, str | None] | None:
     """
     if not location.startswith("hf://") and Path(location).exists():
         return None
-    from .hub import parse_hub_location  # the Hub client's modules, only for the Hub
+    from .hub.checkpoint import parse_hub_location  # the Hub client's modules, only for the Hub
 
     return parse_hub_location(location)
 
@@ -45,7 +45,7 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
     where, option = _split_fetch_option(location)
     hub = hub_location(where)
     if hub is not None:
-        from .hub import open_hub
+        from .hub.checkpoint import open_hub
 
         return open_hub(hub[0], hub[1], name=name, policy=option or fetch, location=location,
                         require_pinned=require_pinned)
@@ -68,7 +68,7 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
 def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint:
     """Open a rule file's source, honouring a ``--source`` override."""
     if spec.override is None and spec.repo is not None:
-        from .hub import open_hub
+        from .hub.checkpoint import open_hub
 
         return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch,
                         location=spec.location, require_pinned=require_pinned)
@@ -106,6 +106,6 @@ def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -
 def _split_fetch_option(location: str) -> tuple[str, str | None]:
     if "?" not in location:  # a local path: the Hub client's modules are not needed
         return location, None
-    from .hub_fetch import split_fetch_option
+    from .hub.fetch import split_fetch_option
 
     return split_fetch_option(location)

@@ -1,6 +1,6 @@
 """execute(Plan) -> OUT: stream every output tensor's bytes into place, shard by shard.
 
-Each output's recipe streams its bytes (engine/recipes.py): byte runs of local files are
+Each output's recipe streams its bytes (engine/plan/recipes.py): byte runs of local files are
 copied by the kernel, other bytes move through bounded buffers; only casts, numeric fills
 and block ops decode values (and import torch). The output appears whole (renamed from a temporary sibling) or not at all.
 """
@@ -17,19 +17,19 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..tensor_digest import DEFAULT_DIGEST, check_digest, recorded_digest
-from ..dtypes import DTYPE_SIZES
-from ..errors import CkptxformError, OutputError, RequirementError
-from ..log import logger
-from ..ops.decode import cast_bytes
-from .audit import AUDIT_FILE, AuditLog, started_now
-from .digest import RunDigest, changes, run_digest
-from .files import CopiedFile, copied_files_changed
-from .jobdir import JobDir, job_identity
-from .layout import OutputLayout, OutputTensorSpec, plan_layout
-from .outdir import OutputDir, refuse_foreign, refuse_overlap
-from .planner import Plan
-from .recipes import Chunk, OutputPlan, Piece
+from ...tensor_digest import DEFAULT_DIGEST, check_digest, recorded_digest
+from ...dtypes import DTYPE_SIZES
+from ...errors import CkptxformError, OutputError, RequirementError
+from ...log import logger
+from ...ops.decode import cast_bytes
+from ..output.audit import AUDIT_FILE, AuditLog, started_now
+from ..output.digest import RunDigest, changes, run_digest
+from ..output.copied_files import CopiedFile, copied_files_changed
+from ..output.jobdir import JobDir, job_identity
+from ..plan.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
+from ..plan.planner import Plan
+from ..plan.recipes import Chunk, OutputPlan, Piece
 from .writer import ShardWriter
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class WrittenTensor:
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> WrittenTensor:
-        """The tensor a ``written`` record (checked by ckptxform.verify.read_audit) describes."""
+        """The tensor a ``written`` record (checked by ckptxform.engine.output.verify.read_audit) describes."""
         recorded = recorded_digest(event)
         assert recorded is not None, event
         return cls(event["key"], event["file"], tuple(event["shape"]), event["dtype"], recorded[1], event["from"],
@@ -113,7 +113,7 @@ def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool 
             fsync: bool = True, algorithm: str = DEFAULT_DIGEST, options: RunOptions | None = None) -> ApplyResult:
     """Write the planned output to ``out`` with its audit log (tensor digests by
     ``algorithm``: ckptxform.tensor_digest), running its shards as ``options`` say
-    (engine/job.py); see ``ckptxform.apply``."""
+    (engine/run/job.py); see ``ckptxform.apply``."""
     from .job import RunOptions, run_job
 
     started = started_now()
@@ -238,7 +238,7 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
     """The result already in ``out`` when it was made by this ckptxform from the same plan
     and the same inputs (``engine.digest``) and still verifies; otherwise why not, for the
     refusal without --force."""
-    from ..verify import read_audit, verify
+    from ..output.verify import read_audit, verify
 
     try:
         events = read_audit(out)

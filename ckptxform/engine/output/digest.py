@@ -23,10 +23,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import __version__
-from ..errors import quote
-from ..rules.yaml_source import Where
-from .planner import Plan
+from ..._version import __version__
+from ...errors import quote
+from ...where import Where
+from ..plan.planner import Plan
 
 #: fields that say where in the rule file something was written, not what it asks
 _POSITIONS = frozenset({"rule", "where"})

@@ -9,10 +9,10 @@ import difflib
 import re
 from collections.abc import Mapping, Sequence
 
-from ..errors import RequirementError
-from ..rules.key_pattern import KeyPattern, regex_literal
-from ..rules.model import RuleSet, TensorRule
-from ..rules.templates import expand_from
+from ...errors import RequirementError
+from ...rules.key_pattern import KeyPattern, regex_literal
+from ...rules.model import RuleSet, TensorRule
+from ...rules.templates import expand_from
 from .gather import GatherRows
 from .recipes import OutputPlan
 

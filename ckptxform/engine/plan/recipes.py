@@ -9,7 +9,7 @@ and the reports never switch on its type:
 - ``ByteProgram``: byte runs of several inputs (stack, concat, split, any row
   permutation), made by a chain of layout ops; nothing is decoded;
 - ``BlockProgram``: a block op (transpose, dequant) decoding a bounded block at a time;
-- ``GatherRows`` (engine/gather.py): rows permuted by vocabulary maps, with fills;
+- ``GatherRows`` (engine/plan/gather.py): rows permuted by vocabulary maps, with fills;
 - ``VocabField``: ``d2t``/``t2d`` of a vocabulary map.
 """
 
@@ -22,11 +22,11 @@ from math import prod
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..dtypes import DTYPE_SIZES, nbytes
-from ..errors import printable
-from ..ops.base import Block, InputTensor, Run, View
-from ..sources.base import Checkpoint, TensorInfo
-from ..vocab import VocabMap
+from ...dtypes import DTYPE_SIZES, nbytes
+from ...errors import printable
+from ...ops.base import Block, InputTensor, Run, View
+from ...sources.base import Checkpoint, TensorInfo
+from ...vocab import VocabMap
 
 #: bytes moved per read/write; bounds memory per tensor being copied or gathered
 CHUNK_BYTES = 16 << 20

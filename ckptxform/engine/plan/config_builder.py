@@ -13,10 +13,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import PlanError
-from ..rules.model import RuleSet
-from ..sources.base import Checkpoint
-from ..vocab import VocabMap
+from ...errors import PlanError
+from ...rules.model import RuleSet
+from ...sources.base import Checkpoint
+from ...vocab import VocabMap
 from .references import MISSING as _MISSING
 from .references import References
 from .references import get_path as _get

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tensor_digest import DIGESTS, new_hasher, recorded_digest
-from .engine.audit import AUDIT_FILE
-from .engine.files import check_copied_files
-from .errors import CkptxformError, VerifyError, quote_keys
-from .fileio import hash_range, open_regular, read_small_file
-from .sources.local import MAX_CONFIG_BYTES
-from .sources.safetensors_header import MAX_HEADER_BYTES, read_header
+from ...tensor_digest import DIGESTS, new_hasher, recorded_digest
+from .audit import AUDIT_FILE
+from .copied_files import check_copied_files
+from ...errors import CkptxformError, VerifyError, quote_keys
+from ...fileio import hash_range, open_regular, read_small_file
+from ...sources.local import MAX_CONFIG_BYTES
+from ...sources.safetensors_header import MAX_HEADER_BYTES, read_header
 
 _HASH_THREADS = 2
 #: one line per tensor; a million-tensor audit is a few hundred MB

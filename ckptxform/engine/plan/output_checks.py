@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-from ..dtypes import cast_problem, decodable, is_float
-from ..errors import quote
-from ..sources.base import TensorInfo
+from ...dtypes import cast_problem, decodable, is_float
+from ...errors import quote
+from ...sources.base import TensorInfo
 from .gather import GatherRows
 from .recipes import CopyTensor, OutputPlan
 

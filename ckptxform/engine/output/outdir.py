@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import re
@@ -31,8 +30,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
-from ckptxform.engine.audit import not_an_earlier_output
-from ckptxform.errors import OutputError, UsageError
+from ckptxform.engine.output.audit import not_an_earlier_output
+from ckptxform.errors import OutputError, UsageError, io_error
 from ckptxform.log import logger
 
 #: the signals a user or a supervisor stops a run with; held back while OUT is swapped
@@ -115,20 +114,6 @@ def _stop_signals_held() -> Iterator[None]:
                 handler(caught[0], None)
             elif handler == signal.SIG_DFL:
                 signal.raise_signal(caught[0])
-
-
-def io_error(action: str, path: Path | str, err: OSError) -> OutputError:
-    """The one-line message for a failed write, with the fix that fits the errno."""
-    fixes = {
-        errno.ENOSPC: "free space or choose another --out",
-        errno.EDQUOT: "free space within your quota or choose another --out",
-        errno.EFBIG: "raise the file size limit (ulimit -f) or set a smaller output.max_shard_size",
-        errno.EACCES: "check the permissions of the output directory or choose another --out",
-        errno.EROFS: "choose an --out on a writable filesystem",
-    }
-    reason = err.strerror or str(err)
-    fix = fixes.get(err.errno or 0, "check the output directory or choose another --out")
-    return OutputError(f"{action} {str(path)!r} failed: {reason}; {fix}", path=str(path))
 
 
 class OutputDir:

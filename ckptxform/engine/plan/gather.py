@@ -14,10 +14,10 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError, printable
-from ..ops.decode import cast_bytes, tensor_bytes
-from ..rules.model import MissingRows
-from ..sources.base import TensorInfo
+from ...errors import PlanError, printable
+from ...ops.decode import cast_bytes, tensor_bytes
+from ...rules.model import MissingRows
+from ...sources.base import TensorInfo
 from .recipes import Chunk, Piece, Recipe, Sources, TensorRef, rows_per_chunk
 
 
@@ -198,7 +198,7 @@ class _Filler:
     def _mean_row(self) -> bytes:
         import torch
 
-        from ..dtypes import torch_dtype
+        from ...dtypes import torch_dtype
 
         ckpt = self.plan.checkpoints[self.recipe.source]
         info = ckpt.tensors[self.recipe.key]
@@ -217,7 +217,7 @@ class _Filler:
     def _normal(self, count: int, std: float, seed: int) -> bytes:
         import torch
 
-        from ..dtypes import torch_dtype
+        from ...dtypes import torch_dtype
 
         if self._generator is None:
             self._generator = torch.Generator().manual_seed(seed)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ckptxform.errors import UsageError
-from ckptxform.sources.hub_http import LINK, PARALLEL_REQUESTS
-from ckptxform.sources.hub_ranges import LinkCost, Span
+from ckptxform.sources.hub.http import LINK, PARALLEL_REQUESTS
+from ckptxform.sources.hub.ranges import LinkCost, Span
 
 Policy = Literal["auto", "ranges", "download"]
 POLICIES: tuple[str, ...] = ("auto", "ranges", "download")

@@ -41,10 +41,10 @@ from ckptxform.errors import (
     quote_keys,
 )
 
-from ..fileio import hash_range
-from ..tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
-from .layout import OutputLayout, TensorPlacement
-from .outdir import io_error
+from ...fileio import hash_range
+from ...tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
+from ..plan.layout import OutputLayout, TensorPlacement
+from ...errors import io_error
 
 #: hash threads; each tensor is hashed on one of them, in order, so two tensors hash at
 #: once: BLAKE3 outruns the kernel copy on one, sha256 (~1.2 GB/s a core) needs both cores
@@ -148,7 +148,7 @@ class _TensorState:
 
 class WriteTarget(Protocol):
     """Where a ShardWriter writes: files go to ``tmp_path``, messages name them in ``out``
-    (an OutputDir, or a job's directory of shards: engine/jobdir.py)."""
+    (an OutputDir, or a job's directory of shards: engine/output/jobdir.py)."""
 
     @property
     def tmp_path(self) -> Path: ...

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from ..dtypes import DTYPE_SIZES
-from ..errors import PlanError
-from ..ops.base import Block, Context, Run, Step, Value, View
-from ..rules.model import TensorRule
-from ..rules.templates import Template, expand_from, natural_key
-from ..sources.base import TensorInfo
+from ...dtypes import DTYPE_SIZES
+from ...errors import PlanError
+from ...ops.base import Block, Context, Run, Step, Value, View
+from ...rules.model import TensorRule
+from ...rules.templates import Template, expand_from, natural_key
+from ...sources.base import TensorInfo
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
 from .references import MISSING, References, get_path
 

@@ -1,7 +1,7 @@
 """Running a planned conversion: its shards by an executor, then the all-or-nothing commit.
 
 Executors: ``local`` (``jobs`` worker processes, or this process when 1) and ``ray``
-(engine/ray_executor.py). ``shard_of=(RANK, WORLD)`` writes only the shards whose index
+(engine/run/ray.py). ``shard_of=(RANK, WORLD)`` writes only the shards whose index
 is RANK modulo WORLD into the job directory and stops there, for a launcher that runs
 WORLD such processes (srun, torchrun, a Kubernetes indexed job); ``finalize`` then
 writes no shard: it checks every shard is finished and commits OUT.
@@ -15,18 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutputError, SourceChangedError, UsageError
-from ..log import logger
-from ..sources.pins import check_unchanged
-from .audit import AUDIT_FILE, run_event
-from .digest import RunDigest
-from .files import CopiedFile, copy_files
+from ...errors import OutputError, SourceChangedError, UsageError
+from ...log import logger
+from ...sources.pins import check_unchanged
+from ..output.audit import AUDIT_FILE, run_event
+from ..output.digest import RunDigest
+from ..output.copied_files import CopiedFile, copy_files
 from .execute import ApplyResult, WrittenTensor, _Audit
-from .jobdir import JobDir, ShardRecord
-from .layout import OutputLayout
-from .outdir import OutputDir
-from .planner import Plan
-from .shards import ShardTask, default_jobs, first_etags, run_in_processes, run_inline
+from ..output.jobdir import JobDir, ShardRecord
+from ..plan.layout import OutputLayout
+from ..output.outdir import OutputDir
+from ..plan.planner import Plan
+from .tasks import ShardTask, default_jobs, first_etags, run_in_processes, run_inline
 from .writer import write_index, write_json_file
 
 EXECUTORS = ("local", "ray")
@@ -130,7 +130,7 @@ def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict
 
     try:
         if options.executor == "ray":
-            from .ray_executor import run_on_ray
+            from .ray import run_on_ray
 
             run_on_ray(tasks, done, address=options.ray_address)
         elif inline:

@@ -56,8 +56,8 @@ from ckptxform.errors import (
 from ckptxform.log import logger
 from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
-from ckptxform.sources.hub_errors import HubWhere, Retry, call_hub
-from ckptxform.sources.hub_fetch import (
+from ckptxform.sources.hub.errors import HubWhere, Retry, call_hub
+from ckptxform.sources.hub.fetch import (
     POLICIES,
     PROBE_BYTES,
     FetchChoice,
@@ -68,9 +68,9 @@ from ckptxform.sources.hub_fetch import (
     needs_probe,
     split_fetch_option,
 )
-from ckptxform.sources.hub_http import PARALLEL_REQUESTS, RemoteFile
-from ckptxform.sources.hub_index import LazyTensors, load_json
-from ckptxform.sources.hub_ranges import RangeCache, Span, plan_requests
+from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RemoteFile
+from ckptxform.sources.hub.index import LazyTensors, load_json
+from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
     header_length,
@@ -182,7 +182,7 @@ class HubCheckpoint(Checkpoint):
         if name == CONFIG:
             return self._config
         found = self._small_file(name)
-        return _load_json(found, self._label(name)) if found is not None else None
+        return load_json(found, self._label(name)) if found is not None else None
 
     def read(self, info: TensorInfo, start: int = 0, length: int | None = None) -> bytes:
         length = self._checked_range(info, start, length)

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PlanError
-from ..rules.expr import ExpressionError, Ref, parse_expression
-from ..rules.model import RuleSet
-from ..rules.templates import parse_template
-from ..sources.base import Checkpoint
-from ..sources.resolve import hub_location
-from ..vocab import VocabMap
+from ...errors import PlanError
+from ...rules.expr import ExpressionError, Ref, parse_expression
+from ...rules.model import RuleSet
+from ...rules.templates import parse_template
+from ...sources.base import Checkpoint
+from ...sources.resolve import hub_location
+from ...vocab import VocabMap
 
 MISSING = object()
 

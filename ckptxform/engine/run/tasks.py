@@ -1,14 +1,14 @@
 """Shard tasks: one output shard is the unit of work, run in this process or in workers.
 
 The plan fixes every shard's header, so a task writes one whole file: ``write_shard``
-runs the shard's outputs through whatever produces their bytes (engine/execute.py), then
-commits the file to the job directory with its record (engine/jobdir.py) and returns the
+runs the shard's outputs through whatever produces their bytes (engine/run/execute.py), then
+commits the file to the job directory with its record (engine/output/jobdir.py) and returns the
 record. A ``ShardTask`` is what a worker needs, small and picklable: the rule set with the
 run's source locations, the job directory, the shard's index, and the ETags of the Hub
 files the run read first. A worker plans again from headers (once per process), refuses to
 write when its plan is not the parent's and refuses bytes of another object than the run
 read first, so workers need nothing from the parent's memory: the same tasks run in a
-process pool here and on other machines (engine/ray_executor.py). A worker's task error
+process pool here and on other machines (engine/run/ray.py). A worker's task error
 reaches the run as one error naming its shard (``shard_error``), in either executor.
 """
 
@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field
 
-from ..errors import CkptxformError, OutputError
-from ..rules.model import RuleSet
-from .jobdir import JobDir, ShardRecord, job_identity
-from .digest import run_digest
-from .layout import OutputLayout, ShardLayout
-from .planner import Plan
+from ...errors import CkptxformError, OutputError
+from ...rules.model import RuleSet
+from ..output.jobdir import JobDir, ShardRecord, job_identity
+from ..output.digest import run_digest
+from ..plan.layout import OutputLayout, ShardLayout
+from ..plan.planner import Plan
 from .writer import ShardWriter
 
 #: memory one worker may need (interpreter, chunks in flight, torch for a cast); bounds
@@ -85,7 +85,7 @@ _PLANS: dict[str, tuple[Plan, OutputLayout]] = {}
 
 
 def _plan_of(task: ShardTask) -> tuple[Plan, OutputLayout]:
-    from ..api import plan as make_plan
+    from ...api import plan as make_plan
     from .execute import layout_of
 
     cached = _PLANS.get(task.job.digest)
@@ -171,7 +171,7 @@ def _succeeded(future: Future[ShardRecord]) -> bool:
 def _worker_started(parent: int) -> None:
     """In each worker: die with the parent (a SIGKILLed run must not leave writers behind),
     leave Ctrl-C to the parent, log errors only (the parent reports the run)."""
-    from ..log import configure_stderr
+    from ...log import configure_stderr
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_stderr("ERROR")

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dtypes import USER_DTYPES, cast_problem
-from ..errors import PlanError, SourceNotFoundError, printable, quote_keys
-from ..rules.model import AddEntry, RuleSet, TensorRule
-from ..sources.base import Checkpoint, TensorInfo
-from ..sources.pins import FilePin
-from ..vocab import Alignment, VocabMap
+from ...dtypes import USER_DTYPES, cast_problem
+from ...errors import PlanError, SourceNotFoundError, printable, quote_keys
+from ...rules.model import AddEntry, RuleSet, TensorRule
+from ...sources.base import Checkpoint, TensorInfo
+from ...sources.pins import FilePin
+from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
@@ -286,7 +286,7 @@ class _Planner:
         self._record(source, info, action, target, where, reason)
 
     def _plan_group(self, source: str, rule: TensorRule, members: list[TensorInfo]) -> None:
-        """A ``key:`` rule: its groups, op chains and outputs (engine/groups.py)."""
+        """A ``key:`` rule: its groups, op chains and outputs (engine/plan/groups.py)."""
         refs = self._references(source)
         targets: dict[str, list[str]] = {}
         #: members an op chain passed through unchanged (a dequant op's unquantized norm):

@@ -13,15 +13,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .. import __version__
-from ..errors import quote_keys, redact
+from ..._version import __version__
+from ...errors import quote_keys, redact
+from ...filenames import AUDIT_FILE, CONFIG_FILE
 
-if TYPE_CHECKING:  # the planner imports engine.files, which needs AUDIT_FILE from here
+if TYPE_CHECKING:
     from .digest import RunDigest
-    from .planner import Plan
+    from ..plan.planner import Plan
 
-AUDIT_FILE = "ckptxform_audit.jsonl"
-CONFIG_FILE = "config.json"
 _SHARD = re.compile(r"(.+)-\d{5}-of-\d{5}\.safetensors")
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from ckptxform.sources.hub_ranges import Span
+from ckptxform.sources.hub.ranges import Span
 
 #: Requests in flight at once: a round trip of 50 ms then costs ~1.6 ms of wall time.
 PARALLEL_REQUESTS = 32

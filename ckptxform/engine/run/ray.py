@@ -1,7 +1,7 @@
 """``apply --executor ray``: shard tasks on a Ray cluster (the optional ``ray`` extra).
 
 The nodes must share the source and output paths (a shared POSIX filesystem) and have
-ckptxform installed. Each task is a ``ShardTask`` (engine/shards.py): a worker plans
+ckptxform installed. Each task is a ``ShardTask`` (engine/run/tasks.py): a worker plans
 again from headers, checks its plan is the run's, writes its shard into the job
 directory and returns the shard's record. Ray retries a task whose worker or node is
 lost (``max_retries``); a task's own error is not retried and becomes one ckptxform
@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import OutputError, UsageError
-from .jobdir import ShardRecord
-from .shards import ShardTask, run_shard, shard_error
+from ...errors import OutputError, UsageError
+from ..output.jobdir import ShardRecord
+from .tasks import ShardTask, run_shard, shard_error
 
 #: attempts after the first when a task's worker process or node dies
 TASK_RETRIES = 3

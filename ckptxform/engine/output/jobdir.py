@@ -9,7 +9,7 @@ describes a whole shard. A rerun of the same command keeps every shard whose rec
 file still match and writes the rest; a job of another plan is discarded with the reason.
 A record of an earlier format (without ``fetches``) is not kept: its shard is written
 again, so that the audit of a resumed run never lacks a kept shard's fetch events. The
-final commit hard-links the shards into OUT's temporary sibling (engine/outdir.py); the
+final commit hard-links the shards into OUT's temporary sibling (engine/output/outdir.py); the
 job directory goes once OUT is in place. The temporary-sibling cleanup of outdir.py
 matches ``-tmp-PID`` and ``-old-PID`` only, never a job directory.
 """
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutputError
-from ..log import logger
+from ...errors import OutputError
+from ...log import logger
 from .digest import RunDigest, changes
-from .layout import OutputLayout, ShardLayout
-from .outdir import io_error
+from ..plan.layout import OutputLayout, ShardLayout
+from ...errors import io_error
 
 JOB_FILE = "job.json"
 _PARTIAL = "partial"
@@ -77,7 +77,7 @@ class ShardRecord:
 def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[str, Any]:
     """Everything a shard's bytes and record depend on, as JSON: the run's digest (the
     decided plan, every file it read, the sources' commits, ckptxform's version:
-    engine/digest.py), the output layout and the digest algorithm."""
+    engine/output/digest.py), the output layout and the digest algorithm."""
     shape = hashlib.sha256()
     for shard in layout.shards:
         shape.update(f"{shard.file}\0{len(shard.header)}\0".encode() + shard.header)

@@ -28,7 +28,7 @@ from ckptxform.errors import (
     RevisionNotFoundError,
 )
 from ckptxform.log import logger
-from ckptxform.sources.hub_http import BadAnswer, CutResponse
+from ckptxform.sources.hub.http import BadAnswer, CutResponse
 
 #: The longest ``Retry-After`` waited for; a server asking more fails the run at once.
 MAX_RETRY_AFTER = 60.0

@@ -1,0 +1,1 @@
+"""Hugging Face Hub sources: only the bytes a conversion needs, by ranges, through the real client."""
