@@ -9,7 +9,6 @@ is ``cli_errors``.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -50,10 +49,39 @@ def _verbose() -> bool:
     return click.get_current_context().find_root().meta.get(_LEVEL_KEY) == "DEBUG"
 
 
+_JSON_KEY = "ckptxform.json"
+
+
+def _json_before_subcommand() -> bool:
+    """The default of every command's ``--json``: given before the subcommand (``ckptxform
+    --json apply ...``), it holds for the subcommand too."""
+    return bool(click.get_current_context().find_root().meta.get(_JSON_KEY))
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().meta[_JSON_KEY] = True
+
+
 class _Command(click.Command):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.params.extend(_verbosity_options())
+        for param in self.params:
+            if param.name == "as_json":
+                param.default = _json_before_subcommand
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if ctx.find_root().meta.get(_JSON_KEY) and not any(p.name == "as_json" for p in self.params):
+            raise click.UsageError(f"--json: the {ctx.info_name} command has no JSON output; drop --json", ctx)
+        return super().invoke(ctx)
+
+
+def _echo_report(text: str) -> None:
+    """A command's report of what it did (apply, finalize, verify, demo RULE): not under -q,
+    where only warnings and errors are shown (the exit status says it worked)."""
+    if not _quiet():
+        click.echo(text)
 
 
 class _Group(click.Group):
@@ -102,6 +130,8 @@ def main(ctx: click.Context) -> None:
 
 
 main.params.extend(_verbosity_options())
+main.params.append(click.Option(["--json"], is_flag=True, expose_value=False, callback=_remember_json,
+                                help="JSON output for the subcommand (as its own --json)."))
 
 
 @main.command()
@@ -129,23 +159,46 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
         click.echo(json.dumps({"status": "ok", "valid": valid}, indent=2))
 
 
-@main.command(name="rules")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+class _RulesGroup(click.Group):
+    """``rules`` lists the library; ``rules show NAME`` shows one rule."""
+
+    command_class = _Command
+
+
+@main.group(name="rules", cls=_RulesGroup, invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, default=_json_before_subcommand, help="Print as JSON.")
+@click.pass_context
 @reports_errors
-def list_rules(as_json: bool) -> None:
-    """List the shipped rule library: each rule's name, description and default sources."""
+def list_rules(ctx: click.Context, as_json: bool) -> None:
+    """List the shipped rule library: each rule's name, description and default sources;
+    `rules show NAME` prints one rule's file, sources and what it was checked against."""
+    from . import report
     from .rules.catalogue import shipped_rules
 
+    if ctx.invoked_subcommand is not None:
+        return
     shipped = shipped_rules()
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in shipped], indent=2))
         return
-    for rule in shipped:
-        click.echo(f"{rule.stem}  ({rule.name})" + (f"  extends {rule.extends}" if rule.extends else ""))
-        click.echo(f"    {rule.description}")
-        click.echo("    sources: " + ", ".join(f"{n}={loc}" for n, loc in rule.sources.items()))
-    click.echo(f"\n{len(shipped)} rules in {shipped[0].path.parent if shipped else '(none)'}; "
-               "give a stem or name where a command takes RULES, e.g. ckptxform plan aqmedai_k2_to_k25")
+    click.echo(report.rules_text(shipped))
+
+
+list_rules.params.extend(_verbosity_options())
+
+
+@list_rules.command(name="show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON (with the file's text).")
+@reports_errors
+def show_rule(name: str, as_json: bool) -> None:
+    """Print a shipped rule: its file, its sources, what it was checked against, its stand-ins."""
+    from . import report
+    from .catalogue import rule_card
+
+    card = rule_card(name)
+    text = card.rule.path.read_text(encoding="utf-8")
+    click.echo(json.dumps({**card.to_dict(), "text": text}, indent=2) if as_json else report.rule_card_text(card, text))
 
 
 _source_option = click.option(
@@ -205,8 +258,10 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
                        require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
                        jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
                        shard_of=_parse_shard_of(shard_of))
-    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json
-               else report.apply_text(result, verbose=_verbose()))
+    if as_json:
+        click.echo(json.dumps(report.apply_json(result), indent=2))
+    else:
+        _echo_report(report.apply_text(result, verbose=_verbose()))
 
 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
@@ -235,7 +290,10 @@ def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsy
 
     result = api.finalize(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                           digest=digest)
-    click.echo(json.dumps(report.apply_json(result), indent=2) if as_json else report.apply_text(result, verbose=_verbose()))
+    if as_json:
+        click.echo(json.dumps(report.apply_json(result), indent=2))
+    else:
+        _echo_report(report.apply_text(result, verbose=_verbose()))
 
 
 @main.command()
@@ -307,27 +365,25 @@ def invert(rules: str, out: str | None) -> None:
 
 
 @main.command()
+@click.argument("rule", required=False)
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Where to build the stand-ins and the output (default: a new temporary directory).")
-@click.option("--force", is_flag=True, help="Replace the output of an earlier demo in --out.")
+@click.option("--force", is_flag=True, help="Replace the stand-ins or the output of an earlier demo in --out.")
 @reports_errors
-def demo(out: str | None, force: bool) -> None:
-    """Offline: run the headline rule on small stand-ins of its three sources."""
+def demo(rule: str | None, out: str | None, force: bool) -> None:
+    """Offline: run the headline rule on small stand-ins of its three sources; with RULE (any
+    shipped rule), build stand-ins of its sources and print the command converting them."""
     from . import report
+
+    if rule is not None:
+        from .demo import build_rule_demo
+
+        built = build_rule_demo(rule, out, force=force)
+        _echo_report(report.rule_demo_text(built, force=force))
+        return
     from .demo import run_demo
 
-    d = run_demo(out, force=force)
-    overrides = " ".join(f"--source {shlex.quote(f'{n}={loc}')}" for n, loc in d.sources.items())
-    click.echo(f"built stand-ins of the three sources under {d.root / 'sources'}:")
-    for name, loc in d.sources.items():
-        click.echo(f"  {name:<12} {loc}")
-    click.echo(f"\n$ ckptxform plan {d.rule_name} {overrides}")
-    click.echo(report.plan_text(d.plan))
-    click.echo(f"\n$ ckptxform apply {d.rule_name} {overrides} --out {shlex.quote(str(d.result.out))}")
-    click.echo(report.apply_text(d.result))
-    click.echo(f"\nnext: ckptxform inspect {shlex.quote(str(d.result.out))}   |   "
-               f"ckptxform verify {shlex.quote(str(d.result.out))}")
-    click.echo(f"the stand-ins and the output stay in {d.root}; remove them with: rm -r {shlex.join(map(str, d.made))}")
+    click.echo(report.demo_text(run_demo(out, force=force)))
 
 
 @main.command()
@@ -343,4 +399,4 @@ def verify(out: str, as_json: bool) -> None:
         click.echo(json.dumps({"status": "ok", "out": str(result.out), "tensors": result.tensors,
                                "bytes_checked": result.bytes_checked}))
     else:
-        click.echo(terminal_line(f"{result.out}: {result.tensors} tensors verified ({result.bytes_checked:,} bytes)"))
+        _echo_report(terminal_line(f"{result.out}: {result.tensors} tensors verified ({result.bytes_checked:,} bytes)"))

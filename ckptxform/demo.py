@@ -1,4 +1,5 @@
-"""``ckptxform demo``: the headline conversion on small stand-ins, offline, in seconds.
+"""``ckptxform demo``: the headline conversion on small stand-ins, offline, in seconds;
+``ckptxform demo RULE``: stand-ins of any shipped rule's sources and the command converting them.
 
 Builds stand-ins of the three headline sources (the Kimi-K2 drafter, a Kimi-K2.5 drafter
 for its vocabulary, the sharded Kimi-K2.5 verifier; real key names and layouts, small
@@ -9,6 +10,8 @@ dimensions, different draft vocabularies), then runs the shipped
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,7 @@ from . import api
 from ._data import data_dir
 from .engine.run.execute import ApplyResult
 from .engine.plan.planner import Plan
-from .errors import OutputError
+from .errors import OutputError, UsageError
 
 
 #: the shipped rule the demo runs, by the name a user types
@@ -54,3 +57,42 @@ def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResul
         pass
     result = api.apply(rules, out=converted, sources=standins.sources, force=force, progress=False)
     return DemoResult(root, standins.sources, rules, RULE_NAME, plan, result, made)
+
+
+@dataclass(frozen=True)
+class RuleDemo:
+    """Stand-ins of one shipped rule's sources, and where its ``apply`` is to write."""
+
+    root: Path
+    rule_name: str
+    sources: dict[str, str]
+    converted: Path
+    made: tuple[Path, ...]
+
+    def apply_command(self, *, force: bool = False) -> str:
+        """The command converting the stand-ins, ready to paste (quoted for a POSIX shell)."""
+        overrides = " ".join(f"--source {shlex.quote(f'{n}={loc}')}" for n, loc in self.sources.items())
+        return (f"ckptxform apply {self.rule_name} {overrides} --out {shlex.quote(str(self.converted))}"
+                + (" --force" if force else ""))
+
+
+def build_rule_demo(rule: str, out: str | Path | None = None, *, force: bool = False) -> RuleDemo:
+    """Stand-ins of the sources of the shipped rule ``rule`` (file stem or name) under
+    ``out/sources`` (default: a new temporary directory); nothing is converted."""
+    from .rules.library import shipped_rule_path
+    from .standins.for_rules import STANDINS
+
+    path = shipped_rule_path(rule)
+    standin = STANDINS.get(path.stem) if path is not None else None
+    if path is None or standin is None:
+        raise UsageError(f"demo {rule!r}: no shipped rule of that file stem or name has stand-ins "
+                         f"(these do: {', '.join(sorted(STANDINS))}; `ckptxform rules` describes them)")
+    root = Path(os.path.abspath(out) if out is not None else tempfile.mkdtemp(prefix=f"ckptxform-demo-{path.stem}-"))
+    made = (root,) if not root.exists() or not any(root.iterdir()) else (root / "sources", root / "converted")
+    sources = root / "sources"
+    if sources.exists():
+        if not force:
+            raise OutputError(f"{str(sources)!r} already exists from an earlier demo; pass --force to "
+                              "rebuild it or choose another --out", path=str(sources))
+        shutil.rmtree(sources)
+    return RuleDemo(root, path.stem, standin.build(sources), root / "converted", made)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import shlex
+from typing import TYPE_CHECKING, Any
 
 from .engine.run.execute import ApplyResult
 from .engine.plan.planner import Plan
@@ -10,6 +11,11 @@ from .engine.plan.gather import GatherRows
 from .engine.plan.recipes import TensorRecord
 from .errors import printable, quote_keys, terminal_line
 from .sources.base import Checkpoint
+
+if TYPE_CHECKING:
+    from .catalogue import RuleCard
+    from .demo import DemoResult, RuleDemo
+    from .rules.library import ShippedRule
 
 #: what a source tensor did when it was carried into the output; every other record is
 #: named on screen with its reason (the founding story's "skipped 2" said not which)
@@ -133,15 +139,26 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
         lines.append(f"copied {len(result.copied)} file{'s' if len(result.copied) != 1 else ''} "
                      f"({_human_bytes(sum(c.nbytes for c in result.copied))}): "
                      + ", ".join(printable(c.copy.target) for c in result.copied))
-    if result.shards_kept == len(files) and not result.bytes_written:
-        lines.append(f"committed the {len(files)} shard(s) finished earlier (by --shard-of ranks or an interrupted run)")
-    elif result.shards_kept:
-        lines.append(f"resumed: kept {result.shards_kept} of {len(files)} shard(s) an interrupted run had finished, "
-                     "wrote the rest")
-    lines.append(f"wrote {result.out}: {len(result.written)} tensors, {_human_bytes(result.bytes_written)} "
-                 f"in {len(files)} file{'s' if len(files) != 1 else ''}")
+    lines.extend(_summary(result, len(files)))
     lines.append(f"audit: {result.audit_path}")
     return _screen(lines)
+
+
+def _summary(result: ApplyResult, files: int) -> list[str]:
+    """What this run wrote, and what OUT holds when that is more (after a resume, a finalize)."""
+    def holding(nbytes: int) -> str:
+        return f"{len(result.written)} tensors, {_human_bytes(nbytes)} in {files} file{'s' if files != 1 else ''}"
+
+    if not result.shards_kept:
+        return [f"wrote {result.out}: {holding(result.bytes_written)}"]
+    if not result.bytes_written:
+        first = (f"committed {result.out} from the {result.shards_kept} shard(s) finished earlier (by --shard-of "
+                 "ranks or an interrupted run); this run wrote no tensor data")
+    else:
+        first = (f"resumed {result.out}: kept {result.shards_kept} of {files} shard(s) finished earlier (by an "
+                 f"interrupted run or --shard-of ranks); this run wrote the other {files - result.shards_kept} "
+                 f"({_human_bytes(result.bytes_written)})")
+    return [first, f"{result.out} holds {holding(result.plan.total_bytes)}"]
 
 
 def apply_json(result: ApplyResult) -> dict[str, Any]:
@@ -176,3 +193,56 @@ def inspect_text(ckpt: Checkpoint) -> str:
     lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
                  f"({_human_bytes(data['total_bytes'])})")
     return _screen(lines)
+
+
+def rule_card_text(card: RuleCard, text: str) -> str:
+    """``ckptxform rules show NAME``: what the catalogue says of the rule, then its file."""
+    rule, standin = card.rule, card.standin
+    lines = [f"{rule.stem}  ({rule.name})" + (f"  extends {rule.extends}" if rule.extends else ""),
+             f"  file:            {rule.path}",
+             f"  converts:        {standin.source_layout} -> {standin.target_layout}",
+             f"  real models:     {standin.families}",
+             "  sources:         " + ", ".join(f"{n}={loc}" for n, loc in rule.sources.items()),
+             f"  checked against: {standin.checked_against}",
+             "  inverts:         " + ("yes (ckptxform invert " + rule.stem + ")" if card.no_inverse is None
+                                      else f"no: {card.no_inverse}"),
+             f"  try it:          ckptxform demo {rule.stem}   (stand-ins of its sources, and the apply command)",
+             "", f"--- {rule.path}"]
+    return _screen(lines) + "\n" + text.rstrip("\n")
+
+
+def rule_demo_text(demo: RuleDemo, *, force: bool = False) -> str:
+    """``ckptxform demo RULE``: the stand-ins built, and the commands to run on them."""
+    width = max((len(n) for n in demo.sources), default=0)
+    lines = [f"built stand-ins of the sources of {demo.rule_name} under {demo.root / 'sources'}:"]
+    lines += [f"  {name:<{width}}  {loc}" for name, loc in demo.sources.items()]
+    lines += ["", "convert them, then check the output against its audit log:",
+              f"$ {demo.apply_command(force=force)}", f"$ ckptxform verify {shlex.quote(str(demo.converted))}",
+              f"the stand-ins and the output stay in {demo.root}; remove them with: rm -r {shlex.join(map(str, demo.made))}"]
+    return _screen(lines)
+
+
+def rules_text(shipped: tuple[ShippedRule, ...]) -> str:
+    """``ckptxform rules``: every shipped rule's stem, name, description and default sources."""
+    lines = []
+    for rule in shipped:
+        lines.append(f"{rule.stem}  ({rule.name})" + (f"  extends {rule.extends}" if rule.extends else ""))
+        lines.append(f"    {rule.description}")
+        lines.append("    sources: " + ", ".join(f"{n}={loc}" for n, loc in rule.sources.items()))
+    lines.append(f"\n{len(shipped)} rules in {shipped[0].path.parent if shipped else '(none)'}; "
+                 "give a stem or name where a command takes RULES, e.g. ckptxform plan aqmedai_k2_to_k25; "
+                 "ckptxform rules show NAME for one")
+    return "\n".join(lines)
+
+
+def demo_text(d: DemoResult) -> str:
+    """``ckptxform demo``: the stand-ins, then each command it ran with its output."""
+    overrides = " ".join(f"--source {shlex.quote(f'{n}={loc}')}" for n, loc in d.sources.items())
+    out = shlex.quote(str(d.result.out))
+    lines = [f"built stand-ins of the three sources under {d.root / 'sources'}:"]
+    lines += [f"  {name:<12} {loc}" for name, loc in d.sources.items()]
+    return "\n".join([*lines, f"\n$ ckptxform plan {d.rule_name} {overrides}", plan_text(d.plan),
+                      f"\n$ ckptxform apply {d.rule_name} {overrides} --out {out}", apply_text(d.result),
+                      f"\nnext: ckptxform inspect {out}   |   ckptxform verify {out}",
+                      f"the stand-ins and the output stay in {d.root}; remove them with: "
+                      f"rm -r {shlex.join(map(str, d.made))}"])

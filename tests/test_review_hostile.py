@@ -161,8 +161,10 @@ def test_a_hostile_output_path_is_escaped_in_every_line_that_shows_it(case: Case
     assert (again.returncode, again.stdout.splitlines()) == (0, [
         f"{case.root}/{shown} is up to date (same plan from the same inputs, verified); nothing written",
         f"audit: {case.root}/{shown}/ckptxform_audit.jsonl"])
-    assert again.stderr.splitlines() == [
-        f"INFO    {shown} is up to date: made from the same plan and inputs, and it verifies; nothing to do "
+    assert again.stderr == ""  # said once, on stdout
+    debug = case.run_cli("apply", rule, "--out", out, "-v", cwd=case.root)
+    assert [line for line in debug.stderr.splitlines() if "up to date" in line] == [
+        f"DEBUG   {shown} is up to date: made from the same plan and inputs, and it verifies; nothing to do "
         "(pass --force to rewrite it)"]
     verify = case.run_cli("verify", out, cwd=case.root)
     assert (verify.returncode, verify.stdout.splitlines()) == (0, [f"{shown}: 1 tensors verified (8 bytes)"])

@@ -12,7 +12,8 @@ same inputs. The digest covers, each as the audit's run record keeps it:
   vocab files), pinned by ``ckptxform.sources.pins``;
 - the commit of every Hub source (``sources`` in the run record) and ckptxform's version.
 
-``digest`` is one sha256 over all of them; ``changes`` says in words which part moved.
+``digest`` is one sha256 over all of them; ``changes`` says in words which part moved, and
+``other_origin`` whether the output came from another rule or other sources altogether.
 """
 
 from __future__ import annotations
@@ -93,6 +94,25 @@ def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
     if run.get("plan_sha256") != now.plan_sha256:
         found.append(f"a different plan than {quote(rules_path)} now decides")
     return found or [f"inputs of another digest ({quote(run['digest'][:12])}..., now {now.sha256[:12]}...)"]
+
+
+def other_origin(run: dict[str, Any], plan: Plan) -> list[str]:
+    """How the run that made an earlier output differs from this one in rule and sources,
+    each part worded to follow "was made"; empty when it was this rule on these sources.
+    Said before any finer difference: that OUT came from another conversion explains the rest."""
+    rules, found = plan.rules, []
+    if run.get("name") != rules.name:
+        found.append(f"by another rule ({quote(run.get('name'))} from {quote(run.get('rules'))})")
+    then = run.get("sources") if isinstance(run.get("sources"), dict) else {}
+    moved = [f"{name} {quote(_location(then.get(name)))} then, {quote(src.location)} now"
+             for name, src in sorted(plan.sources.items()) if _location(then.get(name)) != src.location]
+    if moved:
+        found.append("from other sources (" + "; ".join(moved) + ")")
+    return found
+
+
+def _location(record: Any) -> Any:
+    return record.get("location") if isinstance(record, dict) else None
 
 
 def _sha256(obj: Any) -> str:

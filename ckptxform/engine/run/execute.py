@@ -23,7 +23,7 @@ from ...errors import CkptxformError, OutputError, RequirementError
 from ...log import logger
 from ...ops.decode import cast_bytes
 from ..output.audit import AUDIT_FILE, AuditLog, started_now
-from ..output.digest import RunDigest, changes, run_digest
+from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.copied_files import CopiedFile, copied_files_changed
 from ..output.jobdir import JobDir, job_identity
 from ..plan.layout import OutputLayout, OutputTensorSpec, plan_layout
@@ -244,6 +244,9 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
         events = read_audit(out)
         if not events or events[0].get("event") != "run":
             return f"its {AUDIT_FILE} does not start with a run record"
+        origin = other_origin(events[0], plan)
+        if origin:
+            return "was made " + " and ".join(origin)
         # the copied files' own account first: it names the file
         changed = (copied_files_changed(plan.files, plan.checkpoints, events)
                    or changes(digest, events[0], plan.rules.path))
@@ -255,8 +258,10 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
         more = f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
         return f"does not verify: {problems[0]}{more}"
     written = tuple(WrittenTensor.from_event(e) for e in events if e.get("event") == "written")
-    logger.info("{} is up to date: made from the same plan and inputs, and it verifies; "
-                "nothing to do (pass --force to rewrite it)", out)
+    # DEBUG, not INFO: the CLI prints the result on stdout, once; a library user who enabled
+    # ckptxform's logs still sees it
+    logger.debug("{} is up to date: made from the same plan and inputs, and it verifies; "
+                 "nothing to do (pass --force to rewrite it)", out)
     return ApplyResult(out=out, plan=plan, written=written, audit_path=out / AUDIT_FILE,
                        bytes_written=0, up_to_date=True)
 

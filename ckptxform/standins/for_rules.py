@@ -1,0 +1,157 @@
+"""A stand-in for every shipped rule: what ``ckptxform demo RULE`` builds, and what the
+rule library's catalogue (``ckptxform rules show``, the README's table) says of each rule.
+
+One ``RuleStandin`` per rule file stem in ``STANDINS``; a new rule adds one entry (a
+builder writing its sources under a folder, and four short lines of catalogue text).
+tests/test_rule_standins.py fails for a shipped rule without an entry.
+
+>>> sorted(STANDINS)[0]
+'aqmedai_k2_to_k25'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
+from ckptxform.standins.draft_vocab import make_draft_vocab
+from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
+from ckptxform.standins.headline import build_headline_standins
+from ckptxform.standins.hf_models import build_gpt2, build_llama, build_meta_consolidated, build_moe, build_phi3
+from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
+from ckptxform.standins.quantized import build_kimi_k2
+from ckptxform.standins.verifiers import build_kimi_k25_verifier
+
+__all__ = ["STANDINS", "RuleStandin", "standin_for"]
+
+#: writes a rule's sources under a folder; returns ``NAME -> LOCATION`` for ``--source``
+Builder = Callable[[Path], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class RuleStandin:
+    """A shipped rule's stand-in builder and its catalogue entry."""
+
+    build: Builder
+    #: what it converts from and into (the README table's first columns)
+    source_layout: str
+    target_layout: str
+    #: the real model families (Hub repos) it covers
+    families: str
+    #: the reference its tests compare the output with
+    checked_against: str
+
+
+def _headline(root: Path) -> dict[str, str]:
+    return build_headline_standins(root).sources
+
+
+def _native_llama_drafter(root: Path) -> dict[str, str]:
+    return {"drafter": str(build_llama_eagle3(root / "EAGLE3-LLaMA3.1-Instruct-8B").path)}
+
+
+def _speculators_llama_drafter(root: Path) -> dict[str, str]:
+    dims = LLAMA31_8B_TINY
+    drafter = build_eagle3_drafter(root / "Llama-3.1-8B-Instruct-speculator.eagle3", dims,
+                                   make_draft_vocab(dims.vocab, dims.draft_vocab, seed=5), seed=5,
+                                   layout="speculators", verifier_name="meta-llama/Llama-3.1-8B-Instruct",
+                                   verifier_architectures=("LlamaForCausalLM",))
+    return {"drafter": str(drafter.path)}
+
+
+def _k25_vocab(root: Path) -> str:
+    dims = KIMI_K2_TINY
+    vocab = make_draft_vocab(dims.vocab, dims.draft_vocab, seed=7)
+    return str(build_eagle3_drafter(root / "Kimi-K25-eagle3", dims, vocab, seed=7).path)
+
+
+def _full_vocab_drafter(root: Path) -> dict[str, str]:
+    return {"drafter": str(build_full_vocab_drafter(root / "kimi-k2.5-eagle3", KIMI_K2_TINY, seed=6).path),
+            "vocab": _k25_vocab(root)}
+
+
+def _full_vocab_mla_drafter(root: Path) -> dict[str, str]:
+    drafter = build_mla_drafter(root / "kimi-k2.5-eagle3-mla", KIMI_K25_MLA_TINY, seed=10)
+    return {"drafter": str(drafter.path), "vocab": _k25_vocab(root)}
+
+
+def _model(path: Path | str) -> dict[str, str]:
+    return {"model": str(path)}
+
+
+_DRAFTER_CHECKS = "the key set SGLang's llama_eagle3 loader places; speculators 0.9 loads it (tests/test_consumers.py)"
+_STRUCTURAL_CHECKS = "transformers 5.x: loads it strictly, same bytes as its own save, same logits"
+
+STANDINS: dict[str, RuleStandin] = {
+    "aqmedai_k2_to_k25": RuleStandin(
+        _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (speculators layout)",
+        "AQ-MedAI/Kimi-K2-Instruct-eagle3 -> AQ-MedAI/Kimi-K25-eagle3's vocabulary, moonshotai/Kimi-K2.5 rows",
+        "lm_head rows by target token from the sources; speculators 0.9 loads it (tests/test_consumers.py)"),
+    "aqmedai_k2_to_k25_sglang": RuleStandin(
+        _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (native, SGLang)",
+        "AQ-MedAI/Kimi-K2-Instruct-eagle3 -> AQ-MedAI/Kimi-K25-eagle3's vocabulary", _DRAFTER_CHECKS),
+    "compressed_int4_to_bf16": RuleStandin(
+        lambda root: _model(build_kimi_k25_verifier(root / "Kimi-K2.5", KIMI_K2_TINY, num_shards=5).path),
+        "compressed-tensors pack-quantized int4", "bfloat16",
+        "moonshotai/Kimi-K2.5, moonshotai/Kimi-K2-Thinking",
+        "compressed-tensors' own dequantizer, bit for bit"),
+    "eagle3_to_speculators": RuleStandin(
+        _native_llama_drafter, "native EAGLE-3 drafter (midlayer.*)", "speculators layout (layers.0.*)",
+        "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, EAGLE / SpecForge / SGLang drafters",
+        "speculators 0.9 loads it (tests/test_consumers.py); native -> speculators -> native is byte-identical"),
+    "fp8_block_to_bf16": RuleStandin(
+        lambda root: _model(build_kimi_k2(root / "Kimi-K2-Instruct", num_shards=5).path),
+        "FP8 e4m3 block-scaled", "bfloat16", "DeepSeek-V3/R1, moonshotai/Kimi-K2-Instruct",
+        "DeepSeek's weight_dequant, block by block; transformers loads it"),
+    "gpt2_conv1d_to_linear": RuleStandin(
+        lambda root: _model(build_gpt2(root / "gpt2")), "GPT-2 Conv1D [in, out], fused c_attn",
+        "nn.Linear [out, in], q/k/v_proj", "openai-community/gpt2 and GPT2LMHeadModel saves",
+        "transformers' GPT-2 forward on Linear layers: same logits"),
+    "hf_llama_to_meta": RuleStandin(
+        lambda root: _model(build_llama(root / "Llama-3.1-8B-Instruct")), "HF LlamaForCausalLM",
+        "Meta consolidated.safetensors + params.json", "meta-llama/Llama-3.x, Mistral-7B",
+        "a forward written from Meta's reference model: same logits; round trip byte-identical"),
+    "meta_llama_to_hf": RuleStandin(
+        lambda root: _model(build_meta_consolidated(root / "Mistral-7B-Instruct-v0.3")),
+        "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM", "Llama 2/3 (Meta), mistralai/Mistral-7B",
+        _STRUCTURAL_CHECKS),
+    "mixtral_legacy_to_fused": RuleStandin(
+        lambda root: _model(build_moe(root / "Mixtral-8x7B-Instruct-v0.1", "mixtral")),
+        "Mixtral per-expert w1/w2/w3", "fused gate_up_proj/down_proj (transformers 5.x)",
+        "mistralai/Mixtral-8x7B, Mixtral-8x22B", _STRUCTURAL_CHECKS),
+    "phi3_to_llama": RuleStandin(
+        lambda root: _model(build_phi3(root / "Phi-3-medium-4k-instruct")),
+        "Phi-3 fused qkv_proj/gate_up_proj", "Llama q/k/v_proj, gate/up_proj",
+        "microsoft/Phi-3 and Phi-3.5 (mini, medium)", _STRUCTURAL_CHECKS),
+    "prune_draft_vocab": RuleStandin(
+        _full_vocab_drafter, "full-vocabulary EAGLE-3 drafter", "draft-vocabulary drafter (native)",
+        "lightseekorg/kimi-k2.5-eagle3 with AQ-MedAI/Kimi-K25-eagle3's map",
+        "lm_head rows selected by target id, computed from the sources; " + _DRAFTER_CHECKS.split("; ")[0]),
+    "prune_draft_vocab_mla": RuleStandin(
+        _full_vocab_mla_drafter, "full-vocabulary MLA EAGLE-3 drafter", "draft-vocabulary MLA drafter (native)",
+        "lightseekorg/kimi-k2.5-eagle3-mla (key list unverified)",
+        "lm_head rows selected by target id, computed from the sources"),
+    "qwen2_moe_legacy_to_fused": RuleStandin(
+        lambda root: _model(build_moe(root / "Qwen3-30B-A3B", "qwen3_moe")),
+        "qwen2_moe-family per-expert experts", "fused gate_up_proj/down_proj (transformers 5.x)",
+        "Qwen2/3-MoE, DeepSeek-V2/V3, GLM-4-MoE, OLMoE, ...", _STRUCTURAL_CHECKS),
+    "speculators_to_eagle3": RuleStandin(
+        _speculators_llama_drafter, "speculators layout (layers.0.*)", "native EAGLE-3 drafter (midlayer.*)",
+        "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", _DRAFTER_CHECKS.split("; ")[0]
+        + "; native -> speculators -> native is byte-identical"),
+    "tie_embeddings": RuleStandin(
+        lambda root: _model(build_llama(root / "Llama-3.2-1B-untied", head="copy")),
+        "lm_head.weight equal to the embedding", "tied embeddings (checked byte-identical)",
+        "Llama-3.2-1B, Qwen2.5-0.5B, Gemma (what untie_embeddings writes)", _STRUCTURAL_CHECKS),
+    "untie_embeddings": RuleStandin(
+        lambda root: _model(build_llama(root / "Llama-3.2-1B", head="tied")),
+        "tied embeddings (no lm_head.weight)", "an explicit lm_head.weight",
+        "meta-llama/Llama-3.2-1B, Qwen2.5-0.5B, Gemma", _STRUCTURAL_CHECKS),
+}
+
+
+def standin_for(stem: str) -> RuleStandin | None:
+    """The stand-in of the shipped rule with file stem ``stem``, or None."""
+    return STANDINS.get(stem)

@@ -1,0 +1,140 @@
+"""A stand-in for every shipped rule (issue 24 items 1 and 7): ``ckptxform demo RULE``
+builds its sources and prints the ``apply`` command, which runs as printed and gives an
+output that verifies; ``rules show NAME`` prints each rule; the README's catalogue is the
+one ``ckptxform.catalogue`` makes of the registry.
+
+The stand-ins of the whole-model rules are built without transformers; where transformers
+is installed (the ``reference`` extra) each is loaded by it strictly, so their key names,
+shapes and config fields are the family's own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+from ckptxform.catalogue import readme_table, rule_cards
+from ckptxform.standins.for_rules import STANDINS
+
+SHIPPED = sorted(p.stem for p in (REPO / "rules").glob("*.yaml"))
+
+
+def test_every_shipped_rule_has_a_stand_in() -> None:
+    assert sorted(STANDINS) == SHIPPED, "add a RuleStandin to ckptxform/standins/for_rules.py for each new rule"
+
+
+def commands(stdout: str) -> list[list[str]]:
+    return [shlex.split(line[2:])[1:] for line in stdout.splitlines() if line.startswith("$ ckptxform ")]
+
+
+@pytest.mark.parametrize("stem", SHIPPED)
+def test_demo_rule_prints_an_apply_that_runs_as_printed_and_verifies(stem: str, run_cli: Any,
+                                                                     tmp_path: Path) -> None:
+    demo = run_cli("demo", stem, "--out", tmp_path / "d d", cwd=tmp_path)
+    assert demo.returncode == 0, demo.stderr
+    lines = demo.stdout.splitlines()
+    assert lines[0] == f"built stand-ins of the sources of {stem} under {tmp_path / 'd d' / 'sources'}:"
+    apply, verify = commands(demo.stdout)
+    assert apply[:2] == ["apply", stem] and apply[-2:] == ["--out", str(tmp_path / "d d" / "converted")]
+    ran = run_cli(*apply, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert f"wrote {tmp_path / 'd d' / 'converted'}: " in ran.stdout
+    # every source the conversion read is a stand-in, none is the Hub repo the rule names
+    run = json.loads((tmp_path / "d d" / "converted" / "ckptxform_audit.jsonl").read_text().splitlines()[0])
+    assert run["sources"] and all(s["location"].startswith(str(tmp_path / "d d" / "sources"))
+                                  for s in run["sources"].values()), run["sources"]
+    checked = run_cli(*verify, cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith(f"{tmp_path / 'd d' / 'converted'}: ") and "tensors verified" in checked.stdout
+
+
+def test_demo_rule_refuses_to_build_over_an_earlier_demo_unless_forced(run_cli: Any, tmp_path: Path) -> None:
+    assert run_cli("demo", "untie-embeddings", "--out", tmp_path).returncode == 0
+    again = run_cli("demo", "untie_embeddings", "--out", tmp_path)
+    assert again.returncode == 1 and again.stdout == ""
+    assert again.stderr == (f"error: {str(tmp_path / 'sources')!r} already exists from an earlier demo; pass --force "
+                            "to rebuild it or choose another --out\n")
+    forced = run_cli("demo", "untie_embeddings", "--out", tmp_path, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert commands(forced.stdout)[0][-1] == "--force"
+
+
+def test_demo_of_an_unknown_rule_is_one_usage_error(run_cli: Any) -> None:
+    proc = run_cli("demo", "mixtral")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: demo 'mixtral': no shipped rule of that file stem or name has stand-ins "
+                                  "(these do: aqmedai_k2_to_k25, ")
+
+
+def test_demo_without_a_rule_is_still_the_headline(run_cli: Any, tmp_path: Path) -> None:
+    proc = run_cli("demo", "--out", tmp_path / "demo")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"built stand-ins of the three sources under {tmp_path / 'demo' / 'sources'}:")
+    assert [c[:2] for c in commands(proc.stdout)] == [["plan", "aqmedai_k2_to_k25"], ["apply", "aqmedai_k2_to_k25"]]
+
+
+@pytest.mark.parametrize("stem", SHIPPED)
+def test_rules_show_prints_the_file_its_sources_and_its_reference(stem: str, run_cli: Any) -> None:
+    [card] = [c for c in rule_cards() if c.rule.stem == stem]
+    proc = run_cli("rules", "show", card.rule.name)
+    assert proc.returncode == 0, proc.stderr
+    head, _, text = proc.stdout.partition(f"--- {card.rule.path}\n")
+    assert text.rstrip("\n") == card.rule.path.read_text().rstrip("\n")
+    for name, location in card.rule.sources.items():
+        assert f"{name}={location}" in head
+    assert f"  checked against: {card.standin.checked_against}\n" in head
+    assert f"  try it:          ckptxform demo {stem}" in head
+    assert ("  inverts:         yes" in head) == (card.no_inverse is None)
+
+
+def test_rules_show_json_and_an_unknown_name(run_cli: Any) -> None:
+    shown = json.loads(run_cli("--json", "rules", "show", "phi3_to_llama").stdout)
+    assert (shown["name"], shown["inverts"], shown["demo"]) == ("phi3-to-llama", True, "ckptxform demo phi3_to_llama")
+    assert shown["text"] == (REPO / "rules" / "phi3_to_llama.yaml").read_text()
+    assert json.loads(run_cli("rules", "show", "prune_draft_vocab", "--json").stdout)["inverts"] is False
+    bad = run_cli("rules", "show", "phi4")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: rules show 'phi4': no shipped rule has that file "
+                                                         "stem or name (shipped: aqmedai_k2_to_k25, ")
+
+
+def test_the_readme_lists_every_shipped_rule_as_the_catalogue_makes_it() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("\n## The rule library\n"):readme.index("\n## Development\n")]
+    assert readme_table() in section, "regenerate it: python -m ckptxform.catalogue"
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == SHIPPED
+
+
+# --------------------------------------------------------------- against transformers itself
+
+#: stand-in -> the transformers class that must load it strictly
+HF_STANDINS = {"hf_llama_to_meta": "LlamaForCausalLM", "untie_embeddings": "LlamaForCausalLM",
+               "tie_embeddings": "LlamaForCausalLM", "mixtral_legacy_to_fused": "MixtralForCausalLM",
+               "qwen2_moe_legacy_to_fused": "Qwen3MoeForCausalLM", "phi3_to_llama": "Phi3ForCausalLM",
+               "gpt2_conv1d_to_linear": "GPT2LMHeadModel"}
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed; the 'reference' extra: "
+                           "pip install torch==2.13.0 -e '.[test,reference]'")
+@pytest.mark.parametrize("stem", sorted(HF_STANDINS))
+def test_whole_model_stand_ins_load_strictly_in_transformers(stem: str, tmp_path: Path) -> None:
+    from reference_models import load_strict, tensor_bytes
+
+    [path] = STANDINS[stem].build(tmp_path / "standin").values()
+    model = load_strict(HF_STANDINS[stem], Path(path))
+    # saved back by transformers (per-expert files for MoE: its original format), the
+    # stand-in's every tensor comes out with the same bytes
+    model.save_pretrained(tmp_path / "again")
+    again = {k.removeprefix("transformer."): v for k, v in tensor_bytes(tmp_path / "again").items()}
+    ours = tensor_bytes(Path(path))
+    masks = {k for k in ours if k.endswith(".attn.bias")}  # GPT-2's causal-mask buffers, not saved
+    assert set(ours) - masks == set(again)
+    assert not [k for k in again if again[k] != ours[k]]
