@@ -138,3 +138,22 @@ def test_whole_model_stand_ins_load_strictly_in_transformers(stem: str, tmp_path
     masks = {k for k in ours if k.endswith(".attn.bias")}  # GPT-2's causal-mask buffers, not saved
     assert set(ours) - masks == set(again)
     assert not [k for k in again if again[k] != ours[k]]
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers is not installed; the 'reference' extra: "
+                           "pip install torch==2.13.0 -e '.[test,reference]'")
+def test_the_meta_stand_in_is_the_model_its_params_json_defines(tmp_path: Path) -> None:
+    """The consolidated stand-in run by a forward written from Meta's definition gives the
+    logits transformers computes from its meta_llama_to_hf conversion."""
+    import torch
+    from reference_models import load_strict, logits, meta_forward, read_tensors
+
+    from ckptxform import api
+
+    [path] = STANDINS["meta_llama_to_hf"].build(tmp_path / "standin").values()
+    params = json.loads((Path(path).parent / "params.json").read_text())
+    out = api.apply("meta_llama_to_hf", out=tmp_path / "hf", sources={"model": path}, progress=False).out
+    torch.testing.assert_close(logits(load_strict("LlamaForCausalLM", out)),
+                               meta_forward(read_tensors(Path(path)), params), rtol=1e-4, atol=1e-4)
