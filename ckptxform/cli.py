@@ -84,6 +84,16 @@ def _echo_report(text: str) -> None:
         click.echo(text)
 
 
+def _print_result(result: Any, as_json: bool) -> None:
+    """What ``apply`` or ``finalize`` did: its JSON object, or its report unless -q."""
+    from . import report
+
+    if as_json:
+        click.echo(json.dumps(report.apply_json(result), indent=2))
+    else:
+        _echo_report(report.apply_text(result, verbose=_verbose()))
+
+
 class _Group(click.Group):
     """The ``ckptxform`` group: usage errors (click's own) also print the JSON failure
     object on stdout when ``--json`` was given, like every other failure."""
@@ -252,16 +262,13 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
           digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
           shard_of: str | None, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
-    from . import api, report
+    from . import api
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                        require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
                        jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
                        shard_of=_parse_shard_of(shard_of))
-    if as_json:
-        click.echo(json.dumps(report.apply_json(result), indent=2))
-    else:
-        _echo_report(report.apply_text(result, verbose=_verbose()))
+    _print_result(result, as_json)
 
 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
@@ -286,14 +293,11 @@ def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
 def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, digest: str,
              as_json: bool) -> None:
     """Commit OUT from the shards every 'apply --shard-of RANK/WORLD' wrote (same arguments)."""
-    from . import api, report
+    from . import api
 
     result = api.finalize(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                           digest=digest)
-    if as_json:
-        click.echo(json.dumps(report.apply_json(result), indent=2))
-    else:
-        _echo_report(report.apply_text(result, verbose=_verbose()))
+    _print_result(result, as_json)
 
 
 @main.command()
