@@ -1,4 +1,4 @@
-"""Small, real stand-ins of the checkpoints the headline conversion and dequantization read.
+"""Small, real stand-ins of the checkpoints the shipped rules read.
 
 The Hub is out of reach for the demo, the tests and the benchmark, so they run on
 checkpoints built here: the real key names, layouts, dtypes, config fields and vocabulary
@@ -17,8 +17,10 @@ Modules: ``dims`` (model families' dimensions), ``draft_vocab`` (vocabulary maps
 ``tensors`` (seeded values, file writing, records), ``configs`` (config.json contents),
 ``drafters``, ``mla`` (an MLA drafter) and ``verifiers`` (builders per family), ``headline`` (the headline
 conversion's three sources), ``deepseek`` (the DeepSeek-V3 text model Kimi-K2/K2.5 share),
-``quantized`` (FP8 block and int4 quantization, the Kimi-K2 builder) and ``shards``
-(multi-shard writing). The names below are the API; the rest is shared
+``quantized`` (FP8 block and int4 quantization, the Kimi-K2 builder), ``shards``
+(multi-shard writing), ``hf_models`` (the whole-model families the structural rules
+convert: Llama, Mixtral, Qwen3-MoE, Phi-3, GPT-2, Meta consolidated) and ``for_rules``
+(the stand-ins of every shipped rule, which ``ckptxform demo RULE`` builds). The names below are the API; the rest is shared
 between these modules only.
 
 Example::
