@@ -253,7 +253,8 @@ GOLDEN = [
         "      other: ${source.verifier.repo}\n      bad: ${hidden_size}\n",
         ["rules.yaml:14:18: config.set.outer.inner[1]: unknown vocabulary 'k3' (defined: k2, k25)",
          ("rules.yaml:16:12: config.set.outer.bad: unknown reference 'hidden_size'; use ${config.PATH}, "
-         "${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, ${source.NAME.repo} or ${output.dtype}")],
+         "${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, ${source.NAME.repo}, "
+         "${source.NAME.config.PATH} or ${output.dtype}")],
         id="config-set-reference-nested",
     ),
     # --- output key collisions -------------------------------------------------------------

@@ -121,9 +121,10 @@ def test_expression_references_are_resolved_by_the_caller() -> None:
     ("${1 / 2}", "unexpected '/' in '${1 / 2}'"),
     ("${(1 + 2}", "'(' at column 1 of '${(1 + 2}' is never closed"),
     ("${foo.bar}", "unknown reference 'foo.bar'; use ${config.PATH}, ${shape.KEY[I]}, ${vocab.NAME.draft_size}, "
-                   "${vocab.NAME.vocab_size}, ${source.NAME.repo} or ${output.dtype}"),
+                   "${vocab.NAME.vocab_size}, ${source.NAME.repo}, ${source.NAME.config.PATH} or ${output.dtype}"),
     ("${__import__}", "unknown reference '__import__'; use ${config.PATH}, ${shape.KEY[I]}, "
-                      "${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, ${source.NAME.repo} or ${output.dtype}"),
+                      "${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, ${source.NAME.repo}, "
+                      "${source.NAME.config.PATH} or ${output.dtype}"),
 ])
 def test_expression_errors(text: str, message: str) -> None:
     with pytest.raises(ExpressionError) as err:

@@ -9,7 +9,8 @@ arguments such as ``count`` or ``sizes``) and the config builder (``config.set``
     unary   := '-' unary | atom
     atom    := INT | REF | '(' expr ')'
     REF     := config.PATH | shape.KEY[INT] | vocab.NAME.draft_size | vocab.NAME.vocab_size
-             | source.NAME.repo | source.NAME.revision | source.NAME.location | output.dtype
+             | source.NAME.repo | source.NAME.revision | source.NAME.location
+             | source.NAME.config.PATH | output.dtype
 
 No names are looked up in Python, nothing is ``eval``-ed: a reference is resolved by the
 caller's function. An expression that is one reference yields the referenced value as it
@@ -30,7 +31,7 @@ _SHAPE = re.compile(r"^shape\.(?P<key>.+)\[(?P<dim>[0-9]+)\]$")
 _MAX_DIGITS = 19  # integers of a rule file stay within 64 bits
 
 REFERENCE_FORMS = ("${config.PATH}, ${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, "
-                   "${source.NAME.repo} or ${output.dtype}")
+                   "${source.NAME.repo}, ${source.NAME.config.PATH} or ${output.dtype}")
 
 
 class ExpressionError(ValueError):
@@ -212,6 +213,8 @@ def _reference(text: str, col: int) -> Ref:
         return Ref("vocab", parts)
     if head == "source" and len(parts) == 2 and parts[1] in ("repo", "revision", "location"):
         return Ref("source", parts)
+    if head == "source" and len(parts) >= 3 and parts[1] == "config" and all(parts):
+        return Ref("source", parts)  # another source's config file: (NAME, "config", *PATH)
     if text == "output.dtype":
         return Ref("output", ("dtype",))
     raise ExpressionError(f"unknown reference {text!r}; use {REFERENCE_FORMS}", col)

@@ -35,6 +35,7 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
+from .config_assertions import config_assertion_problems, parse_config_assertions
 from .schema_check import schema_problems
 from .semantic_checks import Problem, semantic_problems
 from .template_rules import parse_template_rule
@@ -65,6 +66,8 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
             problems.append(((doc.file, line, col), message))
     merged = merge_chain(chain)
     problems.extend(semantic_problems(merged))
+    if not problems:  # only a schema-valid require.config has the shape its checks read
+        problems.extend(config_assertion_problems(merged))
     if not problems and not merged.named["sources"] and merged.top is not None:
         # plan would refuse it; so does validate (a file otherwise valid, or this would
         # only add noise to the schema's own messages)
@@ -168,7 +171,8 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
     return RuleSet(path=label, name=name, description=description, sources=sources, convert=convert,
                    vocab=vocab, tensors=tuple(tensors), add=add,
                    file_rules=build_file_rules([(n.value, n.where()) for n in m.files], convert),
-                   require=Require(loaded=loaded, min_rows_from_source=min_rows, strict=strict),
+                   require=Require(loaded=loaded, min_rows_from_source=min_rows, strict=strict,
+                                   config=parse_config_assertions(m)),
                    config=_config_spec(m.config), inverse_config=_config_spec(inverse_config(m)),
                    output=output, sha256=sha256, files=files)
 

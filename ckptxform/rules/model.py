@@ -143,10 +143,28 @@ class MinRows:
 
 
 @dataclass(frozen=True)
+class ConfigAssertion:
+    """One entry of ``require.config``: what a field of the written config (or, with
+    ``of``, of a source's config) must be. Bounds and ``equals`` may be ``${...}``; a
+    field that is absent or null fails unless ``optional``."""
+
+    path: str
+    where: Where
+    of: str | None = None
+    optional: bool = False
+    #: (check, value) pairs in the order written: equals, one_of, min, max, below, above, length
+    checks: tuple[tuple[str, Any], ...] = ()
+    #: the same checks, for every element of a list
+    each: tuple[tuple[str, Any], ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class Require:
     loaded: tuple[LoadedPattern, ...] = ()
     min_rows_from_source: tuple[MinRows, ...] = ()
     strict: bool = True
+    config: tuple[ConfigAssertion, ...] = ()
 
 
 @dataclass(frozen=True)

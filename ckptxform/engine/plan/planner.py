@@ -21,6 +21,7 @@ from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
 from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
+from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
 from .groups import plan_template_rule
@@ -108,6 +109,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
     if rules.config and rules.config.from_source:
         names.add(rules.config.from_source)
     names.update(rule.source for rule in rules.file_rules)
+    names.update(config_sources(rules))
     return [name for name in rules.sources if name in names]
 
 
@@ -137,6 +139,7 @@ class _Planner:
         check_requirements(self.rules, self.outputs, self.producer, list(self.ckpts[self.rules.convert].tensors))
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
+        check_config_requirements(self.rules, config, self.ckpts, self.vocab)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
                                fingerprint=ckpt.fingerprint())

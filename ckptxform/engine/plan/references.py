@@ -69,6 +69,8 @@ class References:
         if ref.kind == "vocab":
             name, attr = ref.path
             return self.vocab[name].draft_size if attr == "draft_size" else self.vocab[name].vocab_size
+        if ref.kind == "source" and ref.path[1] == "config":
+            return self._source_config(ref.path[0], ".".join(ref.path[2:]), where, text)
         if ref.kind == "source":
             return self._source(*ref.path)
         return self.rules.output.dtype
@@ -87,6 +89,16 @@ class References:
         if ref.dim >= len(info.shape):
             raise PlanError(f"{where}: {text}: {key!r} has shape {list(info.shape)}, no dim {ref.dim}", key=key)
         return info.shape[ref.dim]
+
+    def _source_config(self, name: str, path: str, where: str, text: str) -> Any:
+        """A field of source ``name``'s config file (the planner opened the source)."""
+        spec, ckpt = self.rules.sources[name], self.ckpts[name]
+        value = get_path(ckpt.config(spec.config_file) or {}, path)
+        if value is MISSING:
+            raise _AbsentField(f"{where}: {text}: the {spec.config_file} of source {name!r} ({ckpt.location}) has "
+                               f"no field {path!r}; add it there, or write the value in the rule file",
+                               source=name)
+        return copy.deepcopy(value)
 
     def _source(self, name: str, attr: str) -> Any:
         spec = self.rules.sources[name]
