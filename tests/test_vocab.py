@@ -596,7 +596,7 @@ def test_torch_vocab_file_errors(tmp_path: Path) -> None:
     torch.save({"t2d": k2_tensors()["t2d"], "step": 3}, path)
     assert file_error(VocabMapError, path) == (
         f"vocab file '{path}' holds no tensor 'd2t' (found: 'step', 't2d'); fix: give a dict "
-        "with a 'd2t' tensor (and optionally 't2d') or a bare d2t tensor"
+        "with a 'd2t' tensor (and optionally 't2d'), a bare d2t tensor or a list of target ids"
     )
 
     torch.save({"d2t": torch.zeros(3)}, path)

@@ -7,6 +7,13 @@ writes its vocab-mapping files, ``d2t.npy`` (with ``t2d.npy`` beside it, or a fo
 holding both) as speculators writes them, or ``.json``. Each format is decoded into the values
 ``VocabMap.from_d2t`` checks; the map's logic lives in ``ckptxform.vocab``.
 
+speculators (since vllm-project/speculators#1081) names its cached maps by the draft
+vocabulary size, ``d2t-32000.npy`` and ``t2d-32000.npy``: that size is checked against
+d2t. SGLang's hot-token map (``--speculative-token-map``, FR-Spec's ``freq_32768.pt``) is a
+``.pt`` holding the hot target ids themselves, a list or a tensor (SGLang's
+``load_token_map``: ``torch.tensor(torch.load(path, weights_only=True))``), read as d2t with
+``encoding: absolute``; it has no t2d, and its ids need not be ascending.
+
 Only ``.pt``/``.pth``/``.bin`` files import torch, lazily, so ``plan`` with a safetensors
 or JSON vocab file stays torch-free.
 """
@@ -14,6 +21,7 @@ or JSON vocab file stays torch-free.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +39,10 @@ from ckptxform.vocab import Encoding, VocabMap, vocab_map_from_bytes
 
 __all__ = ["load_vocab_file"]
 
-#: speculators' vocabulary-map files (scripts/build_vocab_mapping.py writes both)
+#: speculators' vocabulary-map files: ``d2t.npy``/``t2d.npy``, or named by the draft
+#: vocabulary size, ``d2t-32000.npy``/``t2d-32000.npy`` (group 1: the size)
 _NPY_D2T, _NPY_T2D = "d2t.npy", "t2d.npy"
+_NPY_SIZED = re.compile(r"^d2t-([0-9]+)\.npy$")
 
 
 def load_vocab_file(
@@ -45,15 +55,17 @@ def load_vocab_file(
     """A ``VocabMap`` from a standalone vocabulary file holding ``d2t`` (and optionally
     ``t2d``): ``.safetensors``; ``.pt``/``.pth``/``.bin`` (a dict with ``d2t``/``t2d`` or
     a bare ``d2t`` tensor, as SpecForge's vocab-mapping files; loaded with
-    ``weights_only=True``); ``.npy`` (numpy arrays, no pickles: a ``d2t.npy`` reads
-    ``t2d.npy`` beside it when there is one; a folder means its ``d2t.npy``); or ``.json``
+    ``weights_only=True``; a list of target ids, SGLang's hot-token map, read with
+    ``encoding="absolute"``); ``.npy`` (numpy arrays, no pickles: a ``d2t.npy`` reads
+    ``t2d.npy`` beside it when there is one, a ``d2t-N.npy`` its ``t2d-N.npy``; a folder
+    means its one ``d2t.npy`` or ``d2t-N.npy``); or ``.json``
     (a list of ints or ``{"d2t": [...], "t2d": [...]}``).
 
     >>> load_vocab_file("vocab_mapping.pt", name="k25", encoding="offset")  # doctest: +SKIP
     """
     path = Path(path)
     if path.is_dir():
-        path = path / _NPY_D2T
+        path = _d2t_in_folder(path)
     refuse_non_regular(path)  # a FIFO exists but would block its reader
     if not path.is_file():
         raise SourceNotFoundError(
@@ -139,6 +151,8 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
             "fix: save the map as plain tensors (torch.save({'d2t': d2t, 't2d': t2d}, ...))",
             path=str(path),
         ) from None
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(v, int) and not isinstance(v, bool) for v in obj):
+        obj = torch.tensor(obj, dtype=torch.int64)  # SGLang's hot-token map: a list of target ids
     tensors = {"d2t": obj} if isinstance(obj, torch.Tensor) else obj
     if not isinstance(tensors, dict) or not isinstance(tensors.get("d2t"), torch.Tensor):
         found = (
@@ -148,7 +162,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
         )
         raise VocabMapError(
             f"vocab file {quote(str(path))} holds no tensor 'd2t' (found: {found or '(none)'}); fix: "
-            "give a dict with a 'd2t' tensor (and optionally 't2d') or a bare d2t tensor",
+            "give a dict with a 'd2t' tensor (and optionally 't2d'), a bare d2t tensor or a list of target ids",
             path=str(path),
             key="d2t",
         )
@@ -208,9 +222,27 @@ def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None
     )
 
 
+def _d2t_in_folder(folder: Path) -> Path:
+    """The one d2t file of a speculators vocab-mapping folder: ``d2t.npy`` or ``d2t-N.npy``."""
+    found = sorted(p.name for p in folder.iterdir() if p.name == _NPY_D2T or _NPY_SIZED.match(p.name))
+    if len(found) > 1:
+        raise UsageError(
+            f"vocab file {quote(str(folder))}: the folder holds {len(found)} d2t files "
+            f"({', '.join(map(repr, found))}), one per draft vocabulary size; fix: give the path of the one "
+            "the drafter was trained with", path=str(folder))
+    return folder / (found[0] if found else _NPY_D2T)
+
+
 def _load_npy(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
     d2t = _npy_array(path, "d2t")
-    t2d_path = path.with_name(_NPY_T2D) if path.name == _NPY_D2T else None
+    sized = _NPY_SIZED.match(path.name)
+    if sized is not None and len(d2t) != int(sized.group(1)):
+        raise VocabMapError(
+            f"vocab file {quote(str(path))}: its name says {int(sized.group(1))} draft tokens but d2t has "
+            f"{len(d2t)}; fix: give the file of the draft vocabulary size the drafter was trained with",
+            path=str(path), key="d2t")
+    t2d_name = _NPY_T2D if path.name == _NPY_D2T else f"t2d-{sized.group(1)}.npy" if sized else None
+    t2d_path = path.with_name(t2d_name) if t2d_name is not None else None
     if t2d_path is not None:
         refuse_non_regular(t2d_path)  # not silently read as "no t2d"
     t2d = _npy_array(t2d_path, "t2d") if t2d_path is not None and t2d_path.is_file() else None
