@@ -110,7 +110,7 @@ def test_headline_verifier_wider_than_the_drafter(headline: HeadlineStandins, ru
                    *source_args({**headline.sources, "verifier": str(verifier)}))
     assert_clean_failure(proc)
     lines = error_lines(proc.stderr)
-    assert any("'transformer_layer_config.hidden_size' of the written config.json is 112, not 224 "
+    assert any(f"'hidden_size' of the config.json of source 'drafter' ({headline.drafter.path}) is 112, not 224 "
                "(${source.verifier.config.text_config.hidden_size})" in line for line in lines), lines
 
 
@@ -300,3 +300,11 @@ def test_schema_names_an_unknown_check(tmp_path: Path, run_cli: Any) -> None:
     assert_clean_failure(proc, code=2)
     assert proc.stderr.splitlines() == [(f"{rule}:10:19: require.config.hidden_size.bellow: unknown key 'bellow'; "
                                         "did you mean 'below'?")]
+
+
+def test_invert_says_the_config_assertions_are_not_carried(tmp_path: Path) -> None:
+    from ckptxform.rules.invert import inverse_yaml
+
+    text = inverse_yaml(load_rules(RULES / "eagle3_to_speculators.yaml"), str(tmp_path / "inverse.yaml"))
+    assert "# require.config of the forward rules checks their configs; state the inverse's by hand" in text
+    assert "of: drafter" not in text and "eagle_aux_hidden_state_layer_ids:\n      each" not in text

@@ -89,6 +89,8 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
         notes.append("files: the forward rules copy non-weight files; list the inverse's by hand")
     if rules.require.loaded:
         notes.append("require.loaded of the forward rules names their outputs; state the inverse's by hand")
+    if rules.require.config:
+        notes.append("require.config of the forward rules checks their configs; state the inverse's by hand")
     return data, notes
 
 
