@@ -354,13 +354,16 @@ def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as
 @click.argument("rules")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the inverse to this file (default: print it).")
+@click.option("--over", "over", type=click.Path(file_okay=False), default=None,
+              help="Prove the inverse one-to-one over the keys RULES wrote into this OUT (its audit), "
+                   "rather than over every key RULES could write.")
 @reports_errors
-def invert(rules: str, out: str | None) -> None:
+def invert(rules: str, out: str | None, over: str | None) -> None:
     """Print the rule file that undoes RULES (checked); exit 2 naming each rule with no inverse."""
-    from .rules.invert import inverse_yaml
+    from .rules.invert import proven_inverse_yaml
     from .rules.loader import load_rules
 
-    text = inverse_yaml(load_rules(rules), out)
+    text = proven_inverse_yaml(load_rules(rules), out, over)
     if out is None:
         click.echo(text, nl=False)
     else:
