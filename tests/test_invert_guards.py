@@ -44,11 +44,11 @@ def test_inverse_that_renames_a_kept_key_is_refused(tmp_path: Path, run_cli) -> 
     forward = _rules(tmp_path / "forward.yaml", REGEX)
     done = run_cli("invert", forward, "--out", tmp_path / "inverse.yaml", cwd=tmp_path)
     assert_clean_failure(done, 2)
-    assert done.stderr.splitlines() == [
+    assert done.stderr.splitlines() == [(
         f"{forward}:8: tensors[1] writes 'x.w' from the source key 'x.w', but the "
         "inverse's tensors[0] would turn 'x.w' into 'a.w': the forward's renames are not one-to-one (its output "
         "does not say which rule wrote 'x.w'); make the rules' patterns disjoint (rename or skip keys like 'x.w' "
-        "explicitly), or give the forward's output (invert --over OUT) to check the keys it holds"]
+        "explicitly), or give the forward's output (invert --over OUT) to check the keys it holds")]
     assert not (tmp_path / "inverse.yaml").exists()
 
 
@@ -93,9 +93,9 @@ def test_over_a_directory_without_an_audit_is_one_line(tmp_path: Path, run_cli) 
     (tmp_path / "empty").mkdir()
     done = run_cli("invert", forward, "--over", tmp_path / "empty", cwd=tmp_path)
     assert_clean_failure(done, 2)
-    assert error_lines(done.stderr) == [
+    assert error_lines(done.stderr) == [(
         f"error: invert --over '{tmp_path / 'empty'}': cannot read '{tmp_path / 'empty' / 'ckptxform_audit.jsonl'}' "
-        "(No such file or directory); give the OUT an apply of these rules wrote"]
+        "(No such file or directory); give the OUT an apply of these rules wrote")]
 
 
 def test_an_inverse_has_no_default_source(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
@@ -107,9 +107,9 @@ def test_an_inverse_has_no_default_source(tmp_path: Path, run_cli) -> None:  # t
     assert run_cli("invert", forward, "--out", tmp_path / "inverse.yaml", cwd=tmp_path).returncode == 0
     done = run_cli("apply", tmp_path / "inverse.yaml", "--out", tmp_path / "back", cwd=tmp_path)
     assert_clean_failure(done, 2)
-    assert error_lines(done.stderr) == [
+    assert error_lines(done.stderr) == [(
         f"error: source 'model' ({tmp_path / 'inverse.yaml'}:6) has no default location: pass --source model=LOCATION, e.g. "
-        "the OUT of `ckptxform apply forward.yaml`"]
+        "the OUT of `ckptxform apply forward.yaml`")]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forward.yaml", "inverse.yaml", "src"]
     assert _tree(tmp_path / "src") == sources
 

@@ -80,9 +80,9 @@ def test_an_address_that_answers_nothing_is_refused_within_the_bound(
     done = _finished(_apply(headline_rule, headline, tmp_path / "out", silent_address, "2"), 60)
     assert time.monotonic() - started < 30
     assert_clean_failure(done, 1)
-    assert error_lines(done.stderr) == [
+    assert error_lines(done.stderr) == [(
         f"error: cannot connect to the Ray cluster at {silent_address!r}: no answer within 2 s; check --ray-address "
-        "(or RAY_ADDRESS), or leave both unset to start a local Ray instance"]
+        "(or RAY_ADDRESS), or leave both unset to start a local Ray instance")]
     assert list(tmp_path.iterdir()) == []  # no output, no temporary sibling, no lock, no job directory
     assert _tree([Path(p) for p in headline.sources.values()]) == before
 
@@ -91,9 +91,9 @@ def test_a_refused_address_is_one_line_at_once(headline_rule: Path, headline: He
                                                closed_address: str, tmp_path: Path) -> None:
     done = _finished(_apply(headline_rule, headline, tmp_path / "out", closed_address, "30"), 60)
     assert_clean_failure(done, 1)
-    assert error_lines(done.stderr) == [
+    assert error_lines(done.stderr) == [(
         f"error: cannot connect to the Ray cluster at {closed_address!r}: Connection refused within 30 s; check "
-        "--ray-address (or RAY_ADDRESS), or leave both unset to start a local Ray instance"]
+        "--ray-address (or RAY_ADDRESS), or leave both unset to start a local Ray instance")]
     assert list(tmp_path.iterdir()) == []
 
 

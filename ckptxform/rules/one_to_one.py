@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from pathlib import Path
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 from ..errors import UsageError, quote
 from ..filenames import AUDIT_FILE
@@ -166,7 +166,7 @@ def _sequence(items: list[tuple[object, object]]) -> Iterator[str]:
             yield first + tail
 
 
-def _item(op: object, arg: object) -> Iterator[str]:  # noqa: C901 - one case per regex node
+def _item(op: object, arg: object) -> Iterator[str]:
     name = str(op)
     if name == "LITERAL":
         yield chr(arg)  # type: ignore[arg-type]
