@@ -44,6 +44,8 @@ class CheckpointDiff:
     same: tuple[str, ...]
     renames: tuple[Rename, ...] = field(default=())
     structural: tuple[StructuralRule, ...] = field(default=())
+    #: A has a config.json (a Meta checkpoint has params.json): the rule passes it on
+    a_has_config: bool = True
 
     @property
     def unexplained_a(self) -> list[str]:
@@ -111,7 +113,10 @@ class CheckpointDiff:
             lines += [f"  - match: {quote(re.escape(k))}", "    skip: only in A, no counterpart in B"]
         for k in self.unexplained_b:
             lines.append(f"# not produced, only in B: {k} (add it with add: or a rename)")
-        lines += ["config:", "  from: source  # B's config.json may differ: compare them and add keep/set"]
+        if self.a_has_config:
+            lines += ["config:", "  from: source  # B's config.json may differ: compare them and add keep/set"]
+        else:
+            lines.append("# A has no config.json: write the config section B's config.json needs by hand")
         return "\n".join(lines) + "\n"
 
 
@@ -163,6 +168,7 @@ def checkpoint_diff(location_a: str, location_b: str) -> CheckpointDiff:
     """Compare two checkpoints from their headers."""
     with open_location(location_a, name="A") as ca, open_location(location_b, name="B") as cb:
         a, b = dict(ca.tensors), dict(cb.tensors)
+        a_has_config = ca.config() is not None
     common = sorted(set(a) & set(b))
     only_a = sorted(set(a) - set(b))
     only_b = sorted(set(b) - set(a))
@@ -176,4 +182,4 @@ def checkpoint_diff(location_a: str, location_b: str) -> CheckpointDiff:
     renames = find_renames({k: a[k] for k in only_a if k not in explained_a},
                            {k: b[k] for k in only_b if k not in explained_b})
     return CheckpointDiff(location_a, location_b, tuple(only_a), tuple(only_b), changed, same, tuple(renames),
-                          tuple(structural))
+                          tuple(structural), a_has_config)

@@ -331,7 +331,8 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 @main.command()
 @click.argument("location_a")
 @click.argument("location_b")
-@click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout.")
+@click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout; "
+              "it is applied to A and compared with B, exit 1 naming each tensor it does not reproduce.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="With --emit-rules: write the rule file here (paths in it made relative to it).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -339,13 +340,21 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as_json: bool) -> None:
     """Compare two checkpoints' keys, shapes and dtypes; suggest renames and structural ops."""
     from .ckpt_diff import checkpoint_diff
+    from .diff_check import NotReproduced, checked_rules
 
     result = checkpoint_diff(location_a, location_b)
-    if emit_rules and out is not None:
-        with open(out, "w", encoding="utf-8") as file:
-            file.write(result.rules_yaml(out))
-    elif emit_rules:
-        click.echo(result.rules_yaml(), nl=False)
+    if emit_rules:
+        try:  # a rule that does not give B is still the starting point: written, then refused
+            text, refused = checked_rules(result, out), None
+        except NotReproduced as err:
+            text, refused = err.text, err
+        if out is not None:
+            with open(out, "w", encoding="utf-8") as file:
+                file.write(text)
+        else:
+            click.echo(text, nl=False)
+        if refused is not None:
+            raise refused
     else:
         click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
 
@@ -354,13 +363,16 @@ def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as
 @click.argument("rules")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="Write the inverse to this file (default: print it).")
+@click.option("--over", "over", type=click.Path(file_okay=False), default=None,
+              help="Prove the inverse one-to-one over the keys RULES wrote into this OUT (its audit), "
+                   "rather than over every key RULES could write.")
 @reports_errors
-def invert(rules: str, out: str | None) -> None:
+def invert(rules: str, out: str | None, over: str | None) -> None:
     """Print the rule file that undoes RULES (checked); exit 2 naming each rule with no inverse."""
-    from .rules.invert import inverse_yaml
+    from .rules.invert import proven_inverse_yaml
     from .rules.loader import load_rules
 
-    text = inverse_yaml(load_rules(rules), out)
+    text = proven_inverse_yaml(load_rules(rules), out, over)
     if out is None:
         click.echo(text, nl=False)
     else:

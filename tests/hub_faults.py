@@ -74,7 +74,8 @@ class FaultInjection:
         ``after_bytes`` in, as a complete answer; ``whole`` a 200 with the whole file;
         ``gzip`` the range gzip-encoded; ``loop`` a redirect to itself; ``retry_after`` a
         429 asking to wait ``retry_after`` s; ``echo_auth`` a 400 whose message quotes the
-        request's Authorization header; ``trickle`` one body byte every ``delay`` s."""
+        request's Authorization header; ``trickle`` one body byte every ``delay`` s (for a
+        HEAD, one byte of the answer's head)."""
         assert kind in MISBEHAVIOURS, kind
         with self._faults_lock:
             self._faults.append(Fault(pattern, method, kind, times, host=host, skip=skip, retry_after=retry_after,

@@ -136,6 +136,14 @@ class _HubHandler(BaseHTTPRequestHandler):
             raise _Reply(fault.status, None, "Injected server error")
         if fault.kind == "retry_after":
             raise _Reply(429, None, "Too many requests", headers={"Retry-After": str(fault.retry_after)})
+        if fault.kind == "trickle" and self.command == "HEAD":  # the answer's head itself, byte by byte
+            self._status = 200
+            self.close_connection = True
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Padding: " + b"x" * 64 + b"\r\n\r\n":
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(fault.delay)
+            raise _Done
         if fault.kind == "echo_auth":
             raise _Reply(400, None, f"Invalid credentials in header 'Authorization: {self.headers.get('Authorization')}'")
         if fault.kind == "loop":

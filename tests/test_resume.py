@@ -374,3 +374,77 @@ def test_a_malformed_shard_of_is_a_usage_error(value: str, rules: Path, standins
     assert proc.returncode == 2
     assert error_lines(proc.stderr) == [f"error: --shard-of {value!r}: expected RANK/WORLD with 0 <= RANK < WORLD, "
                                         "e.g. --shard-of 0/4"]
+
+
+def _restore_times(path: Path, stat: os.stat_result) -> None:
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _resumed(rules: Path, standins: HeadlineStandins, out: Path) -> subprocess.CompletedProcess[str]:
+    again = run(command(rules, standins, out, "--json"))
+    assert again.returncode == 0, again.stderr
+    return again
+
+
+def test_an_edited_digest_in_a_record_is_not_trusted(rules: Path, standins: HeadlineStandins,
+                                                     reference: dict[str, str], tmp_path: Path) -> None:
+    """Issue 22 item 6: a kept shard is re-hashed against its record before it is trusted."""
+    out = tmp_path / "out"
+    job, finished = interrupted(command(rules, standins, out, "--jobs", "1"), out, 3)
+    record = sorted(job.glob("*.record.json"))[0]
+    fields = json.loads(record.read_text())
+    key, digest = fields["digests"][0]
+    fields["digests"][0][1] = ("0" if digest[0] != "0" else "1") + digest[1:]
+    record.write_text(json.dumps(fields, indent=1) + "\n")
+    again = _resumed(rules, standins, out)
+    assert json.loads(again.stdout)["shards_kept"] == finished - 1
+    shard = record.name.removesuffix(".record.json")
+    assert (f"job directory {job}: not keeping {shard}: tensor {key!r} does not hash to its recorded blake3 "
+            "digest; writing it again") in again.stderr
+    assert files(out) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_shard_changed_with_its_mtime_restored_is_written_again(
+        rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job, finished = interrupted(command(rules, standins, out, "--jobs", "1"), out, 3)
+    victim = sorted(job.glob("*.safetensors"))[0]
+    before = victim.stat()
+    with victim.open("r+b") as f:  # same size, same inode, other bytes in its last tensor
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    _restore_times(victim, before)
+    assert victim.stat().st_mtime_ns == before.st_mtime_ns
+    again = _resumed(rules, standins, out)
+    assert json.loads(again.stdout)["shards_kept"] == finished - 1
+    assert re.search(rf"job directory {re.escape(str(job))}: not keeping {victim.name}: tensor '[^']+' does not "
+                     "hash to its recorded blake3 digest; writing it again", again.stderr), again.stderr
+    assert files(out) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_two_same_size_shards_swapped_in_place_are_both_written_again(
+        rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job, finished = interrupted(command(rules, standins, out, "--jobs", "1"), out, SHARDS - 2)
+    by_size: dict[int, list[Path]] = {}
+    for path in sorted(job.glob("*.safetensors")):
+        by_size.setdefault(path.stat().st_size, []).append(path)
+    first, second = next(paths for paths in by_size.values() if len(paths) >= 2)[:2]
+    stats, data = (first.stat(), second.stat()), (first.read_bytes(), second.read_bytes())
+    with first.open("r+b") as f:  # contents swapped, each file keeping its inode and times
+        f.write(data[1])
+    with second.open("r+b") as f:
+        f.write(data[0])
+    _restore_times(first, stats[0])
+    _restore_times(second, stats[1])
+    again = _resumed(rules, standins, out)
+    assert json.loads(again.stdout)["shards_kept"] == finished - 2
+    for path in (first, second):
+        assert f"job directory {job}: not keeping {path.name}: its header is not the plan's; writing it again" \
+            in again.stderr
+    assert files(out) == reference
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -213,9 +213,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Case], Run]:
     return get
 
 
-def invert(rule: Path, dest: Path) -> Path:
-    """``ckptxform invert RULE`` as a user runs it, its output saved to ``dest`` as it is."""
-    done = subprocess.run([sys.executable, "-m", "ckptxform", "invert", str(rule)],
+def invert(rule: Path, dest: Path, over: Path) -> Path:
+    """``ckptxform invert RULE --over OUT`` as a user runs it, its output saved to ``dest``
+    as it is. (A rule with a catch-all inverts only over the keys a run wrote: kept keys
+    could look like its renamed ones.)"""
+    done = subprocess.run([sys.executable, "-m", "ckptxform", "invert", str(rule), "--over", str(over)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
@@ -280,7 +282,7 @@ def test_inverse_writes_what_save_pretrained_of_the_fused_model_writes(case: Cas
     fused = transformers_fused(run.source.path, tmp_path / "fused", case.fused)  # type: ignore[arg-type]
     legacy = tmp_path / "legacy"
     run.source.model.save_pretrained(legacy)
-    inverse = invert(RULES / case.rule, tmp_path / "inverse.yaml")
+    inverse = invert(RULES / case.rule, tmp_path / "inverse.yaml", run.out)
     api.apply(inverse, out=tmp_path / "ours", sources={"model": str(fused)}, progress=False)
     assert tensor_bytes(tmp_path / "ours") == tensor_bytes(legacy)
 
@@ -296,7 +298,7 @@ def test_converted_model_computes_the_source_logits(case: Case, runs: Callable[[
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_inverse_round_trip_is_byte_identical(case: Case, runs: Callable[[Case], Run], tmp_path: Path) -> None:
     run = runs(case)
-    inverse = invert(RULES / case.rule, tmp_path / "inverse.yaml")
+    inverse = invert(RULES / case.rule, tmp_path / "inverse.yaml", run.out)
     api.apply(inverse, out=tmp_path / "back", sources={"model": str(run.out)}, progress=False)
     source, back = tensor_bytes(run.source.path), tensor_bytes(tmp_path / "back")
     if case.rule == "gpt2_conv1d_to_linear.yaml":
@@ -334,7 +336,7 @@ def test_the_engine_never_imports_transformers(runs: Callable[[Case], Run], tmp_
         f"api.apply({str(RULES / run.case.rule)!r}, out={str(tmp_path / 'out')!r},\n"
         f"          sources={{'model': {str(run.source.path)!r}}}, progress=False)\n"
         "try:\n"
-        f"    main(['invert', {str(RULES / run.case.rule)!r}])\n"
+        f"    main(['invert', {str(RULES / run.case.rule)!r}, '--over', {str(tmp_path / 'out')!r}])\n"
         "except SystemExit as done:\n"
         "    assert not done.code, done.code\n"
         "assert 'transformers' not in sys.modules, 'transformers was imported'\n")

@@ -28,6 +28,7 @@ from .expr import Ref, is_expression, parse_expression
 from .key_pattern import regex_literal
 from .loader import load_rules
 from .model import ConfigSpec, RuleSet, TensorRule
+from .one_to_one import collisions, written_into
 from .templates import Template, Var
 
 # one group of a rename-able regex: (.+), (.*), ([^.]+), (\d+) and the like, no nesting
@@ -67,6 +68,9 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
         data["description"] = f"The inverse of {rules.name}: {rules.description}"
     data["sources"] = {name: _source(spec, base_dir) for name, spec in rules.sources.items()}
     if rules.convert:
+        # The inverse converts what the forward wrote, which has no default location: the
+        # forward's input there would have a run read the wrong model.
+        data["sources"][rules.convert] = {"example": f"the OUT of `ckptxform apply {_spelled_rules(rules)}`"}
         data["convert"] = rules.convert
         # The inverse converts the forward's output: it reads the config file the forward
         # wrote, and writes the one the forward read (Meta's params.json <-> config.json).
@@ -94,10 +98,24 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
     return data, notes
 
 
+def proven_inverse_yaml(rules: RuleSet, saved_as: str | None = None, over: str | None = None) -> str:
+    """``ckptxform invert``: the inverse, refused (RuleError naming each key) unless it
+    gives every key back to the rule that wrote it, over every key the forward can write
+    or, with ``over`` (the forward's output), over the keys it wrote there."""
+    text = inverse_yaml(rules, saved_as)
+    base_dir = os.path.dirname(os.path.abspath(saved_as if saved_as else rules.path))
+    written = None if over is None else written_into(over, rules.convert)
+    problems = collisions(rules, check_rule_text(text, base_dir), written)
+    if problems:
+        raise RuleError(problems, path=rules.path)
+    return text
+
+
 def inverse_yaml(rules: RuleSet, saved_as: str | None = None) -> str:
-    """The inverse as YAML text, checked by the loader; ``saved_as``: the file it will be
-    written to (source paths and the ``$schema`` comment are made relative to it; None:
-    printed, relative to RULES' directory)."""
+    """The inverse as YAML text, checked by the loader (not yet proven one-to-one:
+    ``proven_inverse_yaml``); ``saved_as``: the file it will be written to (source paths
+    and the ``$schema`` comment are made relative to it; None: printed, relative to
+    RULES' directory)."""
     base_dir = os.path.dirname(os.path.abspath(saved_as if saved_as else rules.path))
     data, notes = invert_rules(rules, base_dir)
     head = [f"# yaml-language-server: $schema={schema_reference(base_dir)}",
@@ -115,12 +133,12 @@ def schema_reference(base_dir: str) -> str:
     return os.path.relpath(os.fspath(data_dir("schemas") / "rules.schema.json"), base_dir)
 
 
-def check_rule_text(text: str, base_dir: str) -> None:
+def check_rule_text(text: str, base_dir: str) -> RuleSet:
     """Load generated rule text as a file in ``base_dir`` would be (a RuleError if it is not valid)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "generated.yaml"
         path.write_text(text, "utf-8")
-        load_rules(path)
+        return load_rules(path)
 
 
 def _source(spec: Any, base_dir: str) -> dict[str, Any]:
@@ -134,6 +152,13 @@ def _source(spec: Any, base_dir: str) -> dict[str, Any]:
     if spec.config_file != "config.json":
         out["config"] = spec.config_file
     return out
+
+
+def _spelled_rules(rules: RuleSet) -> str:
+    """RULES as a user names them: a shipped rule by its name, a file by its path."""
+    path = Path(rules.path)
+    shipped = data_dir("rules")
+    return path.stem if path.parent == shipped else os.path.relpath(path)
 
 
 def _set_config_file(source: dict[str, Any], name: str) -> None:

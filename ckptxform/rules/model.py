@@ -30,6 +30,8 @@ class SourceSpec:
     config_file: str = "config.json"
     #: a location given with ``--source NAME=LOC`` (relative to the working directory)
     override: str | None = None
+    #: no default location (an inverse's source): what a run without ``--source`` asks for
+    example: str | None = None
 
     @property
     def location(self) -> str:
@@ -37,7 +39,11 @@ class SourceSpec:
             return self.override
         if self.repo is not None:
             return f"hf://{self.repo}" + (f"@{self.revision}" if self.revision else "")
-        assert self.path is not None
+        if self.path is None:
+            from ..errors import UsageError
+
+            raise UsageError(f"source {self.name!r} ({self.where.short}) has no default location: pass "
+                             f"--source {self.name}=LOCATION, e.g. {self.example}", source=self.name)
         return self.path
 
 

@@ -6,7 +6,9 @@ layout, the digest algorithm). A shard is written under ``partial/``, flushed, r
 into the job directory, and only then given its record (``FILE.record.json``: size,
 header, per-tensor digests, how its Hub bytes were fetched), so a record always
 describes a whole shard. A rerun of the same command keeps every shard whose record and
-file still match and writes the rest; a job of another plan is discarded with the reason.
+file still match, its bytes re-hashed against the record (a job directory edited after a
+kill is not trusted), and writes the rest, saying which it does not keep and why; a job of
+another plan is discarded with the reason.
 A record of an earlier format (without ``fetches``) is not kept: its shard is written
 again, so that the audit of a resumed run never lacks a kept shard's fetch events. The
 final commit hard-links the shards into OUT's temporary sibling (engine/output/outdir.py); the
@@ -21,11 +23,14 @@ import json
 import os
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ...errors import OutputError
+from ...fileio import hash_range
+from ...tensor_digest import new_hasher
 from ...log import logger
 from .digest import RunDigest, changes
 from ..plan.layout import OutputLayout, ShardLayout
@@ -149,12 +154,19 @@ class JobDir:
         except OSError as err:
             raise io_error("creating the job directory", self.path, err) from None
         algorithm = self.identity["algorithm"]
+
+        def finished(shard: ShardLayout) -> ShardRecord | None:
+            return self._finished(shard, algorithm, clean=mine is None or shard.file in mine)
+
         kept: dict[str, ShardRecord] = {}
-        for shard in layout.shards:
-            own = mine is None or shard.file in mine
-            record = self._finished(shard, algorithm, clean=own)
-            if record is not None and (resume or not own):
-                kept[shard.file] = record
+        # Re-hashing a kept shard reads it once; the shards are read at once (hashing
+        # releases the GIL), so a resume costs about the disk's read of the kept shards.
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(layout.shards))),
+                                thread_name_prefix="ckptxform-rehash") as pool:
+            for shard, record in zip(layout.shards, pool.map(finished, layout.shards)):
+                own = mine is None or shard.file in mine
+                if record is not None and (resume or not own):
+                    kept[shard.file] = record
         return kept
 
     @property
@@ -219,9 +231,15 @@ class JobDir:
             stat = (self.path / shard.file).stat()
         except OSError:
             stat = None
-        if (record is not None and stat is not None and record.matches(shard, algorithm)
-                and (stat.st_size, stat.st_ino, stat.st_mtime_ns) == (record.size, record.inode, record.mtime_ns)):
-            return record
+        why = None
+        if record is not None and stat is not None:
+            why = ("its record is not this plan's" if not record.matches(shard, algorithm) else
+                   "it changed after it was recorded (size, inode or mtime)"
+                   if (stat.st_size, stat.st_ino, stat.st_mtime_ns) != (record.size, record.inode, record.mtime_ns)
+                   else _rehash_mismatch(self.path / shard.file, shard, record))
+            if why is None:
+                return record
+            logger.warning("job directory {}: not keeping {}: {}; writing it again", self.path, shard.file, why)
         for path in (record_path, self.path / shard.file) if clean else ():  # half-done or changed: written again
             if path.exists():
                 path.unlink()
@@ -243,6 +261,29 @@ class JobDir:
         os.replace(part, path)
         if self.fsync:
             _fsync(path.parent)
+
+
+def _rehash_mismatch(path: Path, shard: ShardLayout, record: ShardRecord) -> str | None:
+    """Why the bytes of ``path`` are not what ``record`` says (None: they are): its header
+    is the plan's and every tensor hashes to the digest recorded for it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        return f"it cannot be read ({err.strerror})"
+    try:
+        if os.pread(fd, len(shard.header), 0) != shard.header:
+            return "its header is not the plan's"
+        for placement, (key, digest) in zip(shard.tensors, record.digests):
+            hasher = new_hasher(record.algorithm)
+            if hash_range(hasher, fd, placement.offset, placement.nbytes) < placement.nbytes:
+                return f"it ends inside tensor {key!r}"
+            if hasher.hexdigest() != digest:
+                return f"tensor {key!r} does not hash to its recorded {record.algorithm} digest"
+    except OSError as err:
+        return f"it cannot be read ({err.strerror})"
+    finally:
+        os.close(fd)
+    return None
 
 
 def _count_records(path: Path) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +35,8 @@ _FORWARDED = ("HF_", "CKPTXFORM_")
 _SECRET = "HF_TOKEN"
 #: seconds the run waits for its cancelled tasks to end
 CANCEL_WAIT = 30.0
+#: seconds a cluster's address gets to accept a connection (``CKPTXFORM_RAY_CONNECT_TIMEOUT``)
+CONNECT_TIMEOUT = 10.0
 
 
 def run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None], *,
@@ -47,6 +50,7 @@ def run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None], 
 
 
 def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None], address: str | None) -> None:
+    check_reachable(address or os.environ.get("RAY_ADDRESS"))
     try:
         import ray
         from ray import exceptions as ray_errors
@@ -87,6 +91,42 @@ def _run_on_ray(tasks: Sequence[ShardTask], done: Callable[[ShardRecord], None],
             ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT, fetch_local=False)
         if started_here:
             ray.shutdown()
+
+
+def check_reachable(address: str | None) -> None:
+    """Refuse, within CONNECT_TIMEOUT, a cluster address that accepts no connection: Ray's
+    own connect retries for minutes inside native code, where no SIGTERM or Ctrl-C is
+    acted on. The wait here is a socket's, so a stop signal ends it (and the run cleans up)."""
+    endpoint = _endpoint(address)
+    if endpoint is None:  # no address, "auto", "local": Ray finds or starts the cluster itself
+        return
+    seconds = _connect_timeout()
+    try:
+        socket.create_connection(endpoint, timeout=seconds).close()
+    except OSError as err:
+        why = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise OutputError(f"cannot connect to the Ray cluster at {address!r}: {why} within {seconds:g} s; check "
+                          "--ray-address (or RAY_ADDRESS), or leave both unset to start a local Ray instance") from None
+
+
+def _endpoint(address: str | None) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address (``HOST:PORT``, ``ray://HOST:PORT``), or None when
+    it names no endpoint of its own."""
+    if not address or address in ("auto", "local"):
+        return None
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = rest.rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        return None  # Ray says what is wrong with it
+    return host.strip("[]"), int(port)
+
+
+def _connect_timeout() -> float:
+    value = os.environ.get("CKPTXFORM_RAY_CONNECT_TIMEOUT", "")
+    try:
+        return float(value) if value else CONNECT_TIMEOUT
+    except ValueError:
+        raise UsageError(f"CKPTXFORM_RAY_CONNECT_TIMEOUT={value!r}: expected a number of seconds") from None
 
 
 def task_settings(environ: Mapping[str, str]) -> dict[str, str]:

@@ -56,6 +56,7 @@ from ckptxform.errors import (
 from ckptxform.log import logger
 from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
+from ckptxform.sources.hub.bounded import bound_hub_client
 from ckptxform.sources.hub.errors import HubWhere, Retry, call_hub
 from ckptxform.sources.hub.fetch import (
     POLICIES,
@@ -68,7 +69,7 @@ from ckptxform.sources.hub.fetch import (
     needs_probe,
     split_fetch_option,
 )
-from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RemoteFile
+from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
 from ckptxform.sources.hub.index import LazyTensors, load_json
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
@@ -132,6 +133,7 @@ def open_hub(
         raise UsageError(
             f"source {name!r}: fetch policy {policy!r} is not one of {', '.join(POLICIES)}", source=name
         )
+    bound_hub_client()  # huggingface_hub's own requests keep ckptxform's bounds too
     ckpt = HubCheckpoint(
         repo_id, revision, name=name, policy=policy, location=location, retry=retry  # type: ignore[arg-type]
     )
@@ -176,6 +178,7 @@ class HubCheckpoint(Checkpoint):
         self._remote: dict[str, RemoteFile] = {}
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._fallback_lock = threading.Lock()  # one download of a file whose server ignores Range
 
     # -- the Checkpoint contract -----------------------------------------------------
     def config(self, name: str = CONFIG) -> dict[str, Any] | None:
@@ -261,7 +264,8 @@ class HubCheckpoint(Checkpoint):
                 self._download(file)
             else:
                 self._fetch_all(file, requests, keep=False)
-            self.fetch_choices.append(replace(choice, seconds=time.monotonic() - started))
+            if choice.choice == "download" or file not in self._local:  # else: a fallback said it
+                self.fetch_choices.append(replace(choice, seconds=time.monotonic() - started))
 
     def fetch_events(self) -> list[dict[str, Any]]:
         return [c.to_event(self.name) for c in self.fetch_choices]
@@ -414,9 +418,23 @@ class HubCheckpoint(Checkpoint):
             return list(pool.map(fetch, requests))
 
     def _fetch(self, file: str, span: Span) -> bytes:
-        data = self._call(lambda: self._remote_file(file).read(span), file=file)
+        try:
+            data = self._call(lambda: self._remote_file(file).read(span), file=file)
+        except RangeIgnored as ignored:
+            return self._read_downloaded(file, span, ignored)
         self._range_cache(file).put(span.start, data)
         return data
+
+    def _read_downloaded(self, file: str, span: Span, ignored: RangeIgnored) -> bytes:
+        """``span`` of ``file`` downloaded whole (as ``fetch: download``): the server
+        ignores Range and ``file`` is larger than the window asked. Said once per file."""
+        with self._fallback_lock:
+            if file not in self._local:
+                logger.warning(f"{self._who()}: {file}: the server ignores Range (it answered {ignored}); "
+                               "downloading the file instead, as fetch: download")
+                self.fetch_choices.append(FetchChoice(file, self.policy, "download", file_bytes=ignored.size))
+                self._download(file)
+            return self._pread(file, self._local[file], span)
 
     def _remote_file(self, file: str) -> RemoteFile:
         from huggingface_hub import hf_hub_url

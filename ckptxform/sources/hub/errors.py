@@ -28,10 +28,14 @@ from ckptxform.errors import (
     RevisionNotFoundError,
 )
 from ckptxform.log import logger
+from ckptxform.sources.hub.bounded import (
+    MAX_RETRY_AFTER,
+    MIN_BYTES_PER_SECOND,
+    TooSlow,
+    WaitTooLong,
+)
 from ckptxform.sources.hub.http import BadAnswer, CutResponse
 
-#: The longest ``Retry-After`` waited for; a server asking more fails the run at once.
-MAX_RETRY_AFTER = 60.0
 _TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 _T = TypeVar("_T")
 
@@ -78,6 +82,9 @@ def call_hub(fn: Callable[[], _T], *, where: HubWhere, file: str | None, retry: 
         except CkptxformError:
             raise
         except Exception as exc:
+            bound = _past_a_bound(exc, where, file)
+            if bound is not None:
+                raise bound from exc
             reason = transient_reason(exc)
             if reason is None:
                 translated = translate(exc, where, file)
@@ -95,16 +102,32 @@ def call_hub(fn: Callable[[], _T], *, where: HubWhere, file: str | None, retry: 
             asked = _retry_after(exc)
             if asked is not None:
                 if asked > MAX_RETRY_AFTER:
-                    raise HubError(
-                        f"{where.who()}: the server asks to wait {asked:g} s ({reason}) before reading "
-                        f"{where.what(file)}, longer than ckptxform waits ({MAX_RETRY_AFTER:g} s); rerun later",
-                        source=where.name,
-                        path=file,
-                    ) from exc
+                    raise _wait_too_long(asked, reason, where, file) from exc
                 wait = max(wait, asked)
             logger.warning(f"{where.who()}: {reason} reading {where.what(file)}; retrying in {wait:g}s")
             time.sleep(wait)
     raise AssertionError("unreachable: Retry.tries must be at least 1")
+
+
+def _past_a_bound(exc: BaseException, where: HubWhere, file: str | None) -> HubError | None:
+    """The error for a request that asked a longer wait than ckptxform's, or was answered
+    under its rate floor (``bounded``), wherever huggingface_hub wrapped it; else None."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, WaitTooLong):
+            return _wait_too_long(seen.seconds, f"HTTP {seen.status}", where, file)
+        if isinstance(seen, TooSlow):
+            return HubError(f"{where.who()}: {where.what(file)}: the server sent {seen.received} bytes in "
+                            f"{seen.seconds:.0f} s, under {MIN_BYTES_PER_SECOND // 1024} KiB/s (check the network, "
+                            "or raise HF_HUB_DOWNLOAD_TIMEOUT)", source=where.name, path=file)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _wait_too_long(asked: float, reason: str, where: HubWhere, file: str | None) -> HubError:
+    return HubError(f"{where.who()}: the server asks to wait {asked:g} s ({reason}) before reading "
+                    f"{where.what(file)}, longer than ckptxform waits ({MAX_RETRY_AFTER:g} s); rerun later",
+                    source=where.name, path=file)
 
 
 def _retry_after(exc: BaseException) -> float | None:

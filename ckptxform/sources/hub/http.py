@@ -8,8 +8,8 @@ it (expired); the token goes to the Hub only, never to the CDN. Every answer mus
 206 for exactly the bytes asked, of the file's size, unencoded, with the ETag of the
 file's first answer (the CDN's ETag is not the Hub's ``X-Linked-Etag``, so each is
 compared with its own first value): anything else is a ``BadAnswer`` (the server, or a
-proxy, misbehaves: not retried) or a ``CutResponse`` (cut short: retried). A body must
-arrive at ``MIN_BYTES_PER_SECOND`` at least, and ``MAX_REDIRECTS`` bounds redirects.
+proxy, misbehaves: not retried) or a ``CutResponse`` (cut short: retried). An answer must
+arrive at ``bounded.MIN_BYTES_PER_SECOND`` at least, and ``MAX_REDIRECTS`` bounds redirects.
 
 Requests share one HTTP/1.1 keep-alive pool sized for ``PARALLEL_REQUESTS`` in flight.
 """
@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from ckptxform.sources.hub.bounded import bounded_client
 from ckptxform.sources.hub.ranges import Span
 
 #: Requests in flight at once: a round trip of 50 ms then costs ~1.6 ms of wall time.
 PARALLEL_REQUESTS = 32
 MAX_REDIRECTS = 10
-#: A body slower than this (after the read timeout's grace) is refused, not waited for.
-MIN_BYTES_PER_SECOND = 64 * 1024
 #: What a CDN answers for a signed URL that expired or was revoked: resolve again.
 _EXPIRED = (401, 403, 404, 410)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
@@ -209,21 +208,39 @@ class RemoteFile:
         if encoding not in ("", "identity"):
             raise BadAnswer(f"the server answered a range with Content-Encoding {encoding!r} although 'identity' "
                             "was asked; ckptxform reads raw bytes only (check HF_ENDPOINT and any proxy)")
+        if response.status_code == 200:
+            return self._whole_body(response, start, stop, size)
         if response.status_code != 206:
             raise BadAnswer(f"the server answered HTTP {response.status_code} with "
                             f"{response.headers.get('Content-Length', 'an unknown number of')} bytes where part "
-                            f"{start}-{stop - 1} (HTTP 206) was asked; it ignores Range (check HF_ENDPOINT and "
-                            "any proxy)")
+                            f"{start}-{stop - 1} (HTTP 206) was asked (check HF_ENDPOINT and any proxy)")
         got = response.headers.get("Content-Range", "")
         match = _CONTENT_RANGE.fullmatch(got.strip())
         if (match is None or (int(match.group(1)), int(match.group(2))) != (start, stop - 1)
                 or (size is not None and int(match.group(3)) != size)):
             raise BadAnswer(f"asked for bytes {start}-{stop - 1} of {size if size is not None else '?'}, the server "
                             f"answered Content-Range {got!r} (check HF_ENDPOINT and any proxy)")
+        self._check_etag(response)
         length = response.headers.get("Content-Length")
         if length is not None and length.strip() != str(stop - start):
             raise BadAnswer(f"the server answered {length.strip()} bytes for bytes {start}-{stop - 1} "
                             f"({stop - start} asked) (check HF_ENDPOINT and any proxy)")
+        return _read_body(response, stop - start)
+
+    def _whole_body(self, response: Any, start: int, stop: int, size: int | None) -> bytes:
+        """A server (or proxy) that ignores Range sends the whole file: within the window
+        asked, its body holds the bytes asked; beyond it, ``RangeIgnored`` (download instead)."""
+        length = response.headers.get("Content-Length", "").strip()
+        whole = int(length) if length.isdigit() else None
+        if size is not None and whole is not None and whole != size:
+            raise BadAnswer(f"the server answered HTTP 200 with {whole} bytes for a file of {size} bytes where part "
+                            f"{start}-{stop - 1} (HTTP 206) was asked (check HF_ENDPOINT and any proxy)")
+        if whole is None or whole > stop:  # the file goes on past the window asked: download it
+            raise RangeIgnored(whole)
+        self._check_etag(response)
+        return _read_body(response, whole)[start:stop]
+
+    def _check_etag(self, response: Any) -> None:
         etag = response.headers.get("ETag")
         with self._lock:
             if self._etag is None:
@@ -231,7 +248,15 @@ class RemoteFile:
             elif etag != self._etag:
                 raise BadAnswer(f"changed on the server during the run (ETag {self._etag!r} at the first read, "
                                 f"{etag!r} now); rerun to read one version")
-        return _read_body(response, stop - start)
+
+
+class RangeIgnored(Exception):
+    """The server answered a range with the whole file (HTTP 200), larger than the range
+    asked: the caller downloads the file instead."""
+
+    def __init__(self, size: int | None) -> None:
+        super().__init__(f"HTTP 200 with the whole file, {size if size is not None else 'an unknown number of'} bytes")
+        self.size = size
 
 
 class _Expired(Exception):
@@ -239,19 +264,12 @@ class _Expired(Exception):
 
 
 def _read_body(response: Any, expected: int) -> bytes:
-    from huggingface_hub import constants
-
-    deadline = time.monotonic() + float(constants.HF_HUB_DOWNLOAD_TIMEOUT) + expected / MIN_BYTES_PER_SECOND
+    """The body, as the bytes arrive (the client's connections cut one under the rate floor)."""
     body = bytearray()
     for chunk in response.iter_raw():  # as the bytes arrive (a chunk size would wait for it)
         body += chunk
         if len(body) > expected:
             raise BadAnswer(f"the server sent more than the {expected} bytes asked")
-        if time.monotonic() > deadline:
-            raise BadAnswer(f"the server sent {len(body)} of {expected} bytes in "
-                            f"{constants.HF_HUB_DOWNLOAD_TIMEOUT + expected / MIN_BYTES_PER_SECOND:.0f} s, under "
-                            f"{MIN_BYTES_PER_SECOND // 1024} KiB/s (check the network, or raise "
-                            "HF_HUB_DOWNLOAD_TIMEOUT)")
     if len(body) != expected:
         raise CutResponse(f"{len(body)} of {expected} bytes")
     return bytes(body)
@@ -292,10 +310,10 @@ def _session() -> Any:
                 import httpx2 as httpx
             except ImportError:  # huggingface_hub 1.x uses httpx
                 import httpx  # type: ignore[no-redef]
-            _client = httpx.Client(
+            _client = bounded_client(httpx.Client(
                 limits=httpx.Limits(max_connections=PARALLEL_REQUESTS, max_keepalive_connections=PARALLEL_REQUESTS),
                 timeout=httpx.Timeout(float(constants.HF_HUB_DOWNLOAD_TIMEOUT),
                                       connect=float(constants.HF_HUB_ETAG_TIMEOUT), pool=None),
                 follow_redirects=False,
-            )
+            ))
         return _client
