@@ -256,18 +256,19 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 @click.option("--shard-of", default=None, metavar="RANK/WORLD",
               help="Write only the shards of this rank (index modulo WORLD) for any launcher; then "
                    "'ckptxform finalize'.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1) on a warning of the plan, e.g. a rule that matched no tensor.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
           digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
-          shard_of: str | None, as_json: bool) -> None:
+          shard_of: str | None, strict: bool, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                        require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
                        jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
-                       shard_of=_parse_shard_of(shard_of))
+                       shard_of=_parse_shard_of(shard_of), strict=strict)
     _print_result(result, as_json)
 
 

@@ -21,6 +21,7 @@ from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
 from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
+from .config_checks import check_config
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
 from .groups import plan_template_rule
@@ -137,6 +138,7 @@ class _Planner:
         check_requirements(self.rules, self.outputs, self.producer, list(self.ckpts[self.rules.convert].tensors))
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
+        check_config(config, self.outputs, self.rules)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
                                fingerprint=ckpt.fingerprint())

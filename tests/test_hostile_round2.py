@@ -1,0 +1,152 @@
+"""The hostile-input suite, round 2 (issue 22): inputs that gave exit 0 with a wrong output,
+an unbounded allocation, or an unclear message.
+
+Each case runs the real command in a subprocess, like tests/test_hostile_inputs.py, whose
+``Case`` asserts the one error line, the exit code, no output, no temporary sibling and
+unchanged sources.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import REPO, file_keys
+from reference_models import build_meta
+from test_hostile_inputs import Case, make_source, write_rule
+
+
+@pytest.fixture
+def case(tmp_path: Path, run_cli: Any) -> Case:
+    return Case(tmp_path, run_cli)
+
+
+# ---------------------------------------------------------------- 1: config vs tensors
+
+#: how Meta's model-parallel layers split a tensor across consolidated.NN.pth (llama/model.py:
+#: ColumnParallelLinear splits the output rows, RowParallelLinear and ParallelEmbedding the
+#: input columns; norms are replicated)
+_MP_SPLIT = {"wq": 0, "wk": 0, "wv": 0, "w1": 0, "w3": 0, "output": 0, "wo": 1, "w2": 1, "tok_embeddings": 1}
+
+
+def test_one_model_parallel_shard_is_not_taken_for_the_whole_model(case: Case) -> None:
+    whole = build_meta(case.root / "whole", dim=32, n_heads=4, n_kv_heads=2, n_layers=1, vocab=64, seed=1,
+                       file_name="consolidated.00.pth")
+    state = torch.load(whole.path, weights_only=True)
+    (case.root / "mp").mkdir()
+    shard = {}
+    for key, value in state.items():
+        dim = next((d for name, d in _MP_SPLIT.items() if f"{name}.weight" in key), None)
+        shard[key] = value if dim is None else value.chunk(2, dim=dim)[0].clone()
+    torch.save(shard, case.root / "mp" / "consolidated.00.pth")
+    (case.root / "mp" / "params.json").write_text(json.dumps(whole.params))
+    rule = REPO / "rules" / "meta_llama_to_hf.yaml"
+    line = rule.read_text().splitlines().index("config:") + 2  # its first field
+    case.fails("apply", "meta_llama_to_hf", "--source", "model=mp/consolidated.00.pth", "--out", "out", code=1,
+               line=f"error: config ({rule}:{line}): hidden_size is 32 but output 'model.embed_tokens.weight' has "
+               "16 columns (shape [64, 16]); the written config must describe the tensors written: fix the rule's "
+               "config section, or convert the whole checkpoint (one model-parallel shard has a fraction of the "
+               "model's dimensions)")
+
+
+@pytest.mark.parametrize(("config", "line"), [
+    ({"hidden_size": 8, "num_attention_heads": 2, "head_dim": 3},
+     "num_attention_heads x head_dim (2 x 3) is 6 but output 'model.layers.0.self_attn.q_proj.weight' has 8 rows "
+     "(shape [8, 8])"),
+    ({"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 2},
+     "num_key_value_heads x head_dim (2 x 4) is 8 but output 'model.layers.0.self_attn.k_proj.weight' has 4 rows "
+     "(shape [4, 8])"),
+    ({"hidden_size": 8, "intermediate_size": 12},
+     "intermediate_size is 12 but output 'model.layers.0.mlp.down_proj.weight' has 24 columns (shape [8, 24])"),
+    ({"vocab_size": 32}, "vocab_size is 32 but output 'model.embed_tokens.weight' has 16 rows (shape [16, 8])"),
+    ({"num_local_experts": 3}, "num_local_experts is 3 but output 'model.layers.0.mlp.gate.weight' has 2 rows "
+     "(shape [2, 8])"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings is true but output 'lm_head.weight' is written beside "
+     "'model.embed_tokens.weight': transformers would replace it with the embedding"),
+])
+def test_a_config_field_the_tensors_contradict_is_refused(case: Case, config: dict[str, Any], line: str) -> None:
+    shapes = {"model.embed_tokens.weight": (16, 8), "lm_head.weight": (16, 8), "model.norm.weight": (8,),
+              "model.layers.0.self_attn.q_proj.weight": (8, 8), "model.layers.0.self_attn.k_proj.weight": (4, 8),
+              "model.layers.0.mlp.down_proj.weight": (8, 24), "model.layers.0.mlp.gate.weight": (2, 8)}
+    make_source(case.root / "m", {k: torch.zeros(s) for k, s in shapes.items()}, config=json.dumps(config))
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: '.+'\n"
+                      "config:\n  from: m\n")
+    case.fails("plan", rule, code=1, line=f"error: config (r.yaml:7): {line}; the written config must describe the "
+               "tensors written: fix the rule's config section, or convert the whole checkpoint (one model-parallel "
+               "shard has a fraction of the model's dimensions)")
+
+
+# ---------------------------------------------------------------- 3: output.dtype in the config
+
+
+def dtype_rule(case: Case, extra: str = "") -> Path:
+    make_source(case.root / "m", {"w": torch.ones(2, 2)}, config=json.dumps(
+        {"torch_dtype": "float32", "dtype": "float32", "text_config": {"torch_dtype": "float32"}}))
+    return write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w'\n"
+                      f"output: {{dtype: bfloat16}}\nconfig:\n  from: m\n{extra}")
+
+
+def test_output_dtype_is_what_the_written_config_says(case: Case) -> None:
+    proc = case.run_cli("apply", dtype_rule(case), "--out", case.out, cwd=case.root)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((case.out / "config.json").read_text())
+    assert (config["torch_dtype"], config["dtype"], config["text_config"]["torch_dtype"]) == ("bfloat16",) * 3
+    assert file_keys(case.out / "model.safetensors") == {"w": ([2, 2], "BF16")}
+
+
+def test_output_dtype_wins_over_a_dtype_the_config_section_sets(case: Case) -> None:
+    proc = case.run_cli("apply", dtype_rule(case, "  set:\n    torch_dtype: float16\n"), "--out", case.out,
+                        cwd=case.root)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((case.out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+# ---------------------------------------------------------------- 13: files under an output file
+
+
+@pytest.mark.parametrize("target", ["config.json/x", "model.safetensors/x", "ckptxform_audit.jsonl/a/b"])
+def test_a_file_copied_under_an_output_file_is_refused_at_plan_time(case: Case, target: str) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    (case.root / "m" / "tokenizer.json").write_text("{}")
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w'\n"
+                      f"files:\n  - {{glob: tokenizer.json, rename: '{target}'}}\n")
+    top = target.split("/")[0]
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: files[0] (r.yaml:7): would copy m:'tokenizer.json' to '{target}', under '{top}', a name the "
+        "output's weights, config.json or audit take; skip the file or rename it"))
+
+
+def test_a_copy_under_another_copy_is_refused_at_plan_time(case: Case) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    (case.root / "m" / "tokenizer.json").write_text("{}")
+    (case.root / "m" / "vocab.txt").write_text("a")
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w'\n"
+                      "files:\n  - {glob: tokenizer.json}\n  - {glob: vocab.txt, rename: tokenizer.json/vocab.txt}\n")
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        "error: files[1] (r.yaml:8): m:'vocab.txt' would be copied to 'tokenizer.json/vocab.txt' and "
+        "m:'tokenizer.json' to 'tokenizer.json': one path cannot be a file and a folder; rename one (rename: may "
+        "use {path})"))
+
+
+# ---------------------------------------------------------------- 8: a rule matching nothing, at apply
+
+
+def unmatched_rule(case: Case) -> Path:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    return write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'x'\n  - match: 'w'\n")
+
+
+def test_apply_says_a_rule_matched_no_tensor(case: Case) -> None:
+    unmatched_rule(case)
+    proc = case.run_cli("apply", "r.yaml", "--out", "out", cwd=case.root)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["WARNING tensors[0] (r.yaml:5): match 'x' matched no tensor of 'm'"]
+
+
+def test_apply_strict_refuses_a_rule_that_matched_no_tensor(case: Case) -> None:
+    case.fails("apply", unmatched_rule(case), "--out", "out", "--strict", code=1, line=(
+        "error: tensors[0] (r.yaml:5): match 'x' matched no tensor of 'm'; --strict makes a warning an error: fix "
+        "the rule, or run without --strict"))
