@@ -150,3 +150,119 @@ def test_apply_strict_refuses_a_rule_that_matched_no_tensor(case: Case) -> None:
     case.fails("apply", unmatched_rule(case), "--out", "out", "--strict", code=1, line=(
         "error: tensors[0] (r.yaml:5): match 'x' matched no tensor of 'm'; --strict makes a warning an error: fix "
         "the rule, or run without --strict"))
+
+
+# ---------------------------------------------------------------- 2: a cast of a quantized weight
+
+
+FP8_CONFIG = json.dumps({"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 2]}})
+
+
+def fp8_source(case: Case, config: str | None = FP8_CONFIG) -> None:
+    make_source(case.root / "m", {"w.weight": torch.full((2, 2), 2.0).to(torch.float8_e4m3fn),
+                                  "w.weight_scale_inv": torch.full((1, 1), 448.0)}, config=config)
+
+
+def test_a_cast_of_a_quantized_weight_without_its_scale_is_refused(case: Case) -> None:
+    fp8_source(case)
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w\\.weight'\n"
+                      "    cast: bfloat16\n  - match: 'w\\.weight_scale_inv'\n    skip: not needed\n")
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        "error: tensors[0] (r.yaml:5) (from m:w.weight): cast F8_E4M3 -> BF16 of 'w.weight' would drop its scale: "
+        "the source's quantization_config (quant_method 'fp8') declares it quantized and 'w.weight_scale_inv' "
+        "scales it; dequantize it with dequant_fp8_block (a key: rule over the weight and its scale, ops: "
+        "[dequant_fp8_block: {over: T}]) instead of casting"))
+
+
+def test_a_cast_of_a_quantized_weight_by_add_is_refused_too(case: Case) -> None:
+    fp8_source(case)
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: '.+'\n    skip: x\n"
+                      "add:\n  big: {source: m, tensor: w.weight, cast: float32}\n")
+    case.fails("plan", rule, code=1, line=(
+        "error: add.big (r.yaml:8): cast F8_E4M3 -> F32 of 'w.weight' would drop its scale: the source's "
+        "quantization_config (quant_method 'fp8') declares it quantized and 'w.weight_scale_inv' scales it; "
+        "dequantize it with dequant_fp8_block (a key: rule over the weight and its scale, ops: "
+        "[dequant_fp8_block: {over: T}]) instead of casting"))
+
+
+def test_a_cast_of_a_float8_tensor_of_an_unquantized_source_is_kept(case: Case) -> None:
+    fp8_source(case, config='{"hidden_size": 4}')
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - match: 'w\\.weight'\n"
+                      "    cast: bfloat16\n  - match: 'w\\.weight_scale_inv'\n")
+    proc = case.run_cli("apply", rule, "--out", "out", cwd=case.root)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ---------------------------------------------------------------- 4: non-finite dequantized values
+
+
+def test_e4m3_bytes_decode_as_torch_decodes_them_nan_included() -> None:
+    from ckptxform.quant.kernels import Fp8Block, dequant_fp8_rows, tensor_view
+
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(16, 16)
+    out = dequant_fp8_rows(bytes(every.numpy()), bytes(torch.ones(1, 1).numpy()), Fp8Block(16, 16, 16),
+                           out_dtype="F32")
+    want = every.view(torch.float8_e4m3fn).to(torch.float32)  # the reference: 0x7F/0xFF are NaN
+    got = tensor_view(out, "F32", (16, 16))
+    assert torch.equal(got.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
+    assert torch.equal(got[~want.isnan()], want[~want.isnan()])
+
+
+def dequant_rule(case: Case, weight: torch.Tensor, scale: torch.Tensor, allow: str = "") -> Path:
+    make_source(case.root / "m", {"w.weight": weight.to(torch.float8_e4m3fn) if weight.is_floating_point()
+                                  else weight.view(torch.float8_e4m3fn), "w.weight_scale_inv": scale},
+                config=FP8_CONFIG)
+    return write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n"
+                      "  - key: '{X*}.{T:weight,weight_scale_inv}'\n    to: '{X}.weight'\n"
+                      f"    ops: [dequant_fp8_block: {{over: T{allow}}}]\n")
+
+
+NONFINITE = ("non-finite value from a NaN or inf scale or a NaN byte of the source; fix the source, or add "
+             "allow_nonfinite: true to the op to write such values")
+
+
+def test_a_nan_scale_is_refused_naming_the_tensor_and_the_first_bad_index(case: Case) -> None:
+    rule = dequant_rule(case, torch.ones(4, 4), torch.tensor([[1.0, 1.0], [1.0, float("nan")]]))
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: tensors[0].ops[0] dequant_fp8_block (r.yaml:7): 'w.weight' dequantized gives nan at [2, 2], a {NONFINITE}"))
+
+
+def test_an_inf_scale_is_refused(case: Case) -> None:
+    rule = dequant_rule(case, torch.ones(4, 4), torch.tensor([[1.0, float("inf")], [1.0, 1.0]]))
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: tensors[0].ops[0] dequant_fp8_block (r.yaml:7): 'w.weight' dequantized gives inf at [0, 2], a {NONFINITE}"))
+
+
+def test_a_nan_byte_is_refused(case: Case) -> None:
+    weight = torch.full((4, 4), 0x38, dtype=torch.uint8)  # 1.0
+    weight[3, 1] = 0xFF
+    rule = dequant_rule(case, weight, torch.ones(2, 2))
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: tensors[0].ops[0] dequant_fp8_block (r.yaml:7): 'w.weight' dequantized gives nan at [3, 1], a {NONFINITE}"))
+
+
+def test_allow_nonfinite_writes_them(case: Case) -> None:
+    rule = dequant_rule(case, torch.ones(4, 4), torch.tensor([[1.0, 1.0], [1.0, float("nan")]]),
+                        ", allow_nonfinite: true")
+    proc = case.run_cli("apply", rule, "--out", "out", cwd=case.root)
+    assert proc.returncode == 0, proc.stderr
+    from conftest import read_output
+    got = read_output(case.out)["w.weight"]
+    assert got.dtype == torch.bfloat16 and int(got.isnan().sum()) == 4 and bool(got[:2].eq(1).all())
+
+
+def test_an_int4_block_with_an_inf_scale_is_refused_where_it_is_decoded() -> None:
+    from functools import partial
+
+    from ckptxform.errors import CheckpointFormatError
+    from ckptxform.quant.finite import checked
+    from ckptxform.quant.kernels import Int4Groups, dequant_int4_rows
+
+    words = bytes(torch.full((3, 2), 0x77777777, dtype=torch.int32).numpy())  # q = -1 everywhere
+    scale = bytes(torch.tensor([[1.0], [1.0], [float("-inf")]], dtype=torch.bfloat16).view(torch.int16).numpy())
+    layout = Int4Groups(cols=16, group_size=16, scale_dtype="BF16")
+    run = checked(partial(dequant_int4_rows, words, scale, layout), dtype="BF16", cols=16, first_row=8,
+                  what="'m.weight_packed' dequantized", scale=scale, scale_dtype="BF16", largest_code=15.0)
+    with pytest.raises(CheckpointFormatError) as err:
+        run()
+    assert str(err.value).startswith("'m.weight_packed' dequantized gives inf at [10, 0], a non-finite value")

@@ -21,6 +21,7 @@ from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
 from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
+from .cast_checks import check_quantized_casts
 from .config_checks import check_config
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
@@ -139,6 +140,7 @@ class _Planner:
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
         check_config(config, self.outputs, self.rules)
+        check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
                                fingerprint=ckpt.fingerprint())
