@@ -85,13 +85,19 @@ def _echo_report(text: str) -> None:
 
 
 def _print_result(result: Any, as_json: bool) -> None:
-    """What ``apply`` or ``finalize`` did: its JSON object, or its report unless -q."""
+    """What ``apply`` or ``finalize`` did: its JSON object, or its report unless -q. OUT is
+    committed, so a stdout that cannot take it is said on stderr and the command still
+    exits 0 (README, "Exit status and --json")."""
     from . import report
+    from .log import logger
+    from .terminal import echo_done
 
-    if as_json:
-        click.echo(json.dumps(report.apply_json(result), indent=2))
-    else:
-        _echo_report(report.apply_text(result, verbose=_verbose()))
+    if not as_json and _quiet():
+        return
+    lost = echo_done(json.dumps(report.apply_json(result), indent=2) if as_json
+                     else report.apply_text(result, verbose=_verbose()))
+    if lost is not None:
+        logger.warning("{} is written; its report was not printed: {}", result.out, lost)
 
 
 class _Group(click.Group):
@@ -153,18 +159,20 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
     from .rules.loader import load_rules
 
     problems: list[str] = []
+    first: RuleError | None = None
     valid = []
     for path in rules:
         try:
             ruleset = load_rules(path)
         except RuleError as err:
             problems.extend(err.problems)
+            first = first or err
         else:
             valid.append({"rules": path, "file": ruleset.path, "name": ruleset.name})
             if not as_json:
                 click.echo(terminal_line(f"{path}: ok"))
-    if problems:
-        raise RuleError(problems)
+    if first is not None:  # every file's problems; the failure object says where the first is
+        raise RuleError(problems, path=first.path, line=first.line, col=first.col)
     if as_json:
         click.echo(json.dumps({"status": "ok", "valid": valid}, indent=2))
 
@@ -275,8 +283,10 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
+    from .rules.templates import is_index
+
     rank, sep, world = value.partition("/")
-    if not (sep and rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+    if not (sep and is_index(rank) and is_index(world) and int(rank) < int(world)):
         raise UsageError(f"--shard-of {value!r}: expected RANK/WORLD with 0 <= RANK < WORLD, e.g. --shard-of 0/4")
     return int(rank), int(world)
 

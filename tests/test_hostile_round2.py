@@ -9,6 +9,9 @@ unchanged sources.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,7 @@ import pytest
 import torch
 from conftest import REPO, file_keys
 from reference_models import build_meta
-from test_hostile_inputs import Case, make_source, write_rule
+from test_hostile_inputs import Case, make_source, simple_rule, write_rule
 
 
 @pytest.fixture
@@ -266,3 +269,127 @@ def test_an_int4_block_with_an_inf_scale_is_refused_where_it_is_decoded() -> Non
     with pytest.raises(CheckpointFormatError) as err:
         run()
     assert str(err.value).startswith("'m.weight_packed' dequantized gives inf at [10, 0], a non-finite value")
+
+
+# ---------------------------------------------------------------- 11: counts bounded by the tensors present
+
+
+def experts(prefix: str, names: tuple[str, ...], indices: tuple[str, ...] = ("0", "1")) -> dict[str, torch.Tensor]:
+    return {f"model.layers.0.{prefix}.experts.{e}.{p}.weight": torch.ones(2, 2) for e in indices for p in names}
+
+
+def test_a_huge_expert_count_in_the_config_is_a_missing_member_not_an_allocation(case: Case) -> None:
+    tensors = experts("block_sparse_moe", ("w1", "w2", "w3")) | {
+        "model.layers.0.block_sparse_moe.gate.weight": torch.ones(2, 2)}
+    make_source(case.root / "m", tensors, config=json.dumps({"num_local_experts": 100000000000,
+                                                             "intermediate_size": 2}))
+    rule = REPO / "rules" / "mixtral_legacy_to_fused.yaml"
+    line = rule.read_text().splitlines().index("      - stack: {over: E, count: '${config.num_local_experts}'}") + 1
+    case.fails("plan", "mixtral_legacy_to_fused", "--source", "model=m", code=1, line=(
+        f"error: tensors[0].ops[0] stack ({rule}:{line}): incomplete group: "
+        "'model.layers.0.block_sparse_moe.experts.2.w1.weight' is missing (99,999,999,998 members missing); "
+        "stack over {E} needs 0, 1, 2, 3, 4, 5, 6, 7..."))
+
+
+def test_a_huge_router_in_a_header_alone_is_a_missing_member_not_an_allocation(case: Case) -> None:
+    tensors = experts("mlp", ("gate_proj", "up_proj", "down_proj")) | {
+        "model.layers.0.mlp.gate.weight": torch.ones(100000000000, 0)}  # no bytes
+    make_source(case.root / "m", tensors)
+    rule = REPO / "rules" / "qwen2_moe_legacy_to_fused.yaml"
+    lines = rule.read_text().splitlines()
+    line = len(lines) - lines[::-1].index("      - stack: {over: E, count: '${shape.{X}.mlp.gate.weight[0]}'}")
+    case.fails("plan", "qwen2_moe_legacy_to_fused", "--source", "model=m", code=1, line=(
+        f"error: tensors[1].ops[0] stack ({rule}:{line}): incomplete group: "
+        "'model.layers.0.mlp.experts.2.down_proj.weight' is missing (99,999,999,998 members missing); "
+        "stack over {E} needs 0, 1, 2, 3, 4, 5, 6, 7..."))
+
+
+def stack_rule(case: Case, indices: tuple[str, ...], count: str = "") -> Path:
+    make_source(case.root / "m", experts("mlp", ("w1",), indices))
+    return write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n"
+                      "  - key: 'model.layers.0.mlp.experts.{E}.w1.weight'\n    to: 'w1'\n"
+                      f"    ops: [stack: {{over: E{count}}}]\n")
+
+
+def test_a_huge_expert_index_in_a_key_is_a_missing_member_not_an_allocation(case: Case) -> None:
+    case.fails("plan", stack_rule(case, ("0", "1", "100000000000")), code=1, line=(
+        "error: tensors[0].ops[0] stack (r.yaml:7): incomplete group: 'model.layers.0.mlp.experts.2.w1.weight' "
+        "is missing (99,999,999,998 members missing); stack over {E} needs 0, 1, 2, 3, 4, 5, 6, 7..."))
+
+
+# ---------------------------------------------------------------- 14: unclear messages
+
+
+def test_a_negative_expert_count_is_named(case: Case) -> None:
+    tensors = experts("block_sparse_moe", ("w1", "w2", "w3")) | {
+        "model.layers.0.block_sparse_moe.gate.weight": torch.ones(2, 2)}
+    make_source(case.root / "m", tensors, config=json.dumps({"num_local_experts": -4, "intermediate_size": 2}))
+    rule = REPO / "rules" / "mixtral_legacy_to_fused.yaml"
+    line = rule.read_text().splitlines().index("      - stack: {over: E, count: '${config.num_local_experts}'}") + 1
+    case.fails("plan", "mixtral_legacy_to_fused", "--source", "model=m", code=1, line=(
+        f"error: tensors[0].ops[0] stack ({rule}:{line}): stack over E: count '${{config.num_local_experts}}' is "
+        "-4, a negative number of members; fix the count (or the config field it reads)"))
+
+
+def test_an_expert_index_with_a_superscript_digit_is_no_index(case: Case) -> None:
+    case.fails("plan", stack_rule(case, ("0", "1", "\u00b2"), ", count: 2"), code=1, line=(
+        "error: tensors[0].ops[0] stack (r.yaml:7): 'model.layers.0.mlp.experts.\u00b2.w1.weight' is beyond the 2 "
+        "members stack over {E} expects (0, 1)"))
+
+
+def test_unstacking_a_huge_dim_of_no_bytes_is_refused_not_listed(case: Case) -> None:
+    make_source(case.root / "m", {"fused": torch.ones(100000000000, 0)})
+    rule = write_rule(case.root / "r.yaml", "sources:\n  m: {path: m}\ntensors:\n  - key: 'fused'\n"
+                      "    to: 'e.{E}'\n    ops: [unstack: {into: E}]\n")
+    case.fails("plan", rule, code=1, line=(
+        "error: tensors[0].ops[0] unstack (r.yaml:7): unstack: dim 0 of the tensor (shape [100000000000, 0]) is "
+        "100,000,000,000 but it holds no bytes: there is nothing to unstack"))
+
+
+def test_an_unreadable_rule_fifo_named_like_a_shipped_rule_says_it_is_a_fifo(case: Case) -> None:
+    os.mkfifo(case.root / "meta_llama_to_hf.yaml")
+    case.fails("plan", "meta_llama_to_hf.yaml", code=2, line=(
+        "meta_llama_to_hf.yaml: is a FIFO (named pipe) and nothing was written to it; give the path of a YAML file "
+        "(a shipped rule has that file name: 'meta_llama_to_hf' names it; or remove the FIFO)"))
+
+
+def test_a_null_where_a_string_belongs_says_null_once(case: Case) -> None:
+    case.fails("validate", simple_rule(case, "  - match: 'w'\n    skip: null\n"), code=2, line=(
+        "r.yaml:6:11: tensors[0].skip: expected a string, got null"))
+
+
+def test_validate_json_failure_says_where_the_first_problem_is(case: Case) -> None:
+    simple_rule(case, "  - match: 'w'\n    skip: null\n  - match: 'x'\n    cast: float99\n")
+    proc = case.run_cli("validate", "--json", "r.yaml", cwd=case.root)
+    assert proc.returncode == 2
+    failure = json.loads(proc.stdout)
+    assert (failure["path"], failure["line"], failure["col"]) == ("r.yaml", 6, 11)
+    assert failure["messages"] == ["r.yaml:6:11: tensors[0].skip: expected a string, got null",
+                                   "r.yaml:8:11: tensors[1].cast: 'float99' is not one of 'bfloat16', 'float16', "
+                                   "'float32', 'float64'"]
+
+
+@pytest.mark.parametrize("as_json", [(), ("--json",)])
+def test_apply_to_a_full_stdout_commits_exits_0_and_says_the_report_was_lost(case: Case, as_json: tuple[str, ...]
+                                                                             ) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    simple_rule(case)
+    env = {k: v for k, v in os.environ.items() if k != "CKPTXFORM_DEBUG"}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "ckptxform", "apply", "r.yaml", "--out", "out", *as_json],
+                              stdout=full, stderr=subprocess.PIPE, text=True, env=env, cwd=case.root, timeout=120)
+    assert (proc.returncode, proc.stderr.splitlines()) == (0, [
+        f"WARNING {case.out} is written; its report was not printed: cannot write to standard output: No space left on "
+        "device; redirect it to a file where there is room"])
+    assert case.run_cli("verify", "out", cwd=case.root).returncode == 0
+
+
+def test_a_group_reference_with_a_superscript_digit_is_no_group(case: Case) -> None:
+    case.fails("validate", simple_rule(case, "  - match: '(w)'\n    rename: '\\g<\u00b2>'\n"), code=2, line=(
+        "r.yaml:6:13: tensors[0].rename: \\g<\u00b2> names no group of 'match'"))
+
+
+def test_a_shard_of_with_a_superscript_digit_is_a_usage_error(case: Case) -> None:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    case.fails("apply", simple_rule(case), "--out", "out", "--shard-of", "\u00b2/4", code=2, line=(
+        "error: --shard-of '\u00b2/4': expected RANK/WORLD with 0 <= RANK < WORLD, e.g. --shard-of 0/4"))

@@ -20,7 +20,7 @@ from ...errors import PlanError
 from ...rules.model import RuleSet
 from .recipes import OutputPlan
 
-_LAYER = r"(?:model\.)?(?:layers\.\d+\.|midlayer\.)"
+_LAYER = r"(?:model\.)?(?:layers\.[0-9]+\.|midlayer\.)"
 _ORDINAL = ("rows", "columns")
 
 #: (field, key pattern, dim): the tensors whose size in ``dim`` is ``field`` (a product of
@@ -43,7 +43,7 @@ _HEADS = (
 )
 _ROUTER = _LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight"
 _FUSED_EXPERTS = _LAYER + r"mlp\.experts\.(?:gate_up_proj|down_proj)"
-_EXPERT_KEY = re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
+_EXPERT_KEY = re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.experts\.([0-9]+)\.")
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
