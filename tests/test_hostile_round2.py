@@ -67,6 +67,8 @@ def test_one_model_parallel_shard_is_not_taken_for_the_whole_model(case: Case) -
     ({"vocab_size": 32}, "vocab_size is 32 but output 'model.embed_tokens.weight' has 16 rows (shape [16, 8])"),
     ({"num_local_experts": 3}, "num_local_experts is 3 but output 'model.layers.0.mlp.gate.weight' has 2 rows "
      "(shape [2, 8])"),
+    ({"num_hidden_layers": 2}, "num_hidden_layers is 2 but no output is of layer 1 (the output has 1 layer)"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers is 0 but output 'model.layers.0.mlp.down_proj.weight' is layer 0"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings is true but output 'lm_head.weight' is written beside "
      "'model.embed_tokens.weight': transformers would replace it with the embedding"),
 ])

@@ -6,8 +6,9 @@ the whole model, a field set from the wrong source) transformers refuses the out
 worse, loads it wrongly. Each check reads one field and the tensors that must agree with
 it, by the Hugging Face names those tensors have (with or without the ``model.`` prefix,
 and an EAGLE-3 drafter's ``midlayer.``); a field the config does not hold, or a tensor the
-output does not have, is not checked. MLA attention (``kv_lora_rank``) has other head
-shapes and is left out of the head checks.
+output does not have, is not checked. Every layer ``num_hidden_layers`` counts is
+written. MLA attention (``kv_lora_rank``) has other head shapes and is left out of the
+head checks.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _ROUTER = _LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight"
 _FUSED_EXPERTS = _LAYER + r"mlp\.experts\.(?:gate_up_proj|down_proj)"
 _EXPERT_KEY = re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.experts\.([0-9]+)\.")
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+_LAYER_KEY = re.compile(r"(?:model\.)?layers\.([0-9]+)\.")
 
 
 def check_config(config: Mapping[str, Any] | None, outputs: Mapping[str, OutputPlan], rules: RuleSet) -> None:
@@ -69,6 +71,7 @@ def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> I
     if _int(config, "kv_lora_rank") is None:
         yield from _head_problems(config, outputs, keys)
     yield from _expert_problems(config, outputs, keys)
+    yield from _layer_problems(config, keys)
     yield from _tie_problems(config, outputs)
 
 
@@ -100,6 +103,26 @@ def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan
         found = _EXPERT_KEY.match(key)
         if found and int(found.group(1)) >= count:
             yield f"{name} is {count} but output {key!r} is expert {found.group(1)}"
+
+
+def _layer_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+    """Every decoder layer the config counts is written (a missing one would be initialised
+    at random), and none beyond them but DeepSeek's multi-token-prediction layers."""
+    layers = _int(config, "num_hidden_layers")
+    found: dict[int, str] = {}  # layer -> its first output key
+    for key in keys:
+        if (m := _LAYER_KEY.match(key)) is not None:
+            found.setdefault(int(m.group(1)), key)
+    if layers is None or not found:
+        return
+    extra = _int(config, "num_nextn_predict_layers") or 0
+    beyond = [i for i in sorted(found) if i >= layers + extra]
+    if beyond:
+        yield f"num_hidden_layers is {layers} but output {found[beyond[0]]!r} is layer {beyond[0]}"
+    missing = next((i for i in range(min(layers, len(found) + 1)) if i not in found), None)
+    if missing is not None:
+        yield (f"num_hidden_layers is {layers} but no output is of layer {missing} (the output has "
+               f"{len(found)} layer{'s' if len(found) != 1 else ''})")
 
 
 def _tie_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
