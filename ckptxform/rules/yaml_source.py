@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from .._data import data_dir
 from ..errors import FileTooLargeError, NotAFileError, RuleError
 from ..fileio import read_small_file
 from ..where import Where
@@ -149,11 +150,9 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
 
 def _empty_fifo(path: Path, label: str) -> str:
     """A FIFO nothing was written to: say so, and name the shipped rule it may shadow."""
-    from .library import shipped_rule_path
-
-    shipped = shipped_rule_path(os.path.basename(path))
+    shipped = data_dir("rules") / os.path.basename(path)
     hint = (f" (a shipped rule has that file name: {shipped.stem!r} names it; or remove the FIFO)"
-            if shipped is not None else "")
+            if shipped.is_file() else "")
     return f"{label}: is a FIFO (named pipe) and nothing was written to it; give the path of a YAML file{hint}"
 
 
