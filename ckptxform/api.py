@@ -11,6 +11,7 @@ from pathlib import Path
 from .tensor_digest import DEFAULT_DIGEST
 from .engine.run.execute import ApplyResult, execute
 from .engine.run.job import RunOptions
+from .errors import PlanError
 from .engine.plan.planner import Plan, build_plan, needed_sources
 from .log import logger
 from .rules.loader import load_rules
@@ -66,6 +67,7 @@ def apply(
     executor: str = "local",
     ray_address: str | None = None,
     shard_of: tuple[int, int] | None = None,
+    strict: bool = False,
 ) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
 
@@ -88,6 +90,8 @@ def apply(
     ``ray_address`` (or ``RAY_ADDRESS``; neither: a local Ray instance), whose nodes
     share the source and output paths. ``shard_of=(rank, world)`` writes only the
     shards of that rank and leaves ``out`` to ``finalize``.
+    The plan's warnings (a rule that matched no tensor) are logged; ``strict=True`` makes
+    the first of them a ``PlanError`` before anything is written.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",
     ...                sources={"drafter": "k2", "target_vocab": "k25", "verifier": "v"})  # doctest: +SKIP
@@ -96,10 +100,20 @@ def apply(
     """
     options = RunOptions(jobs=jobs, resume=resume, executor=executor, ray_address=ray_address, shard_of=shard_of)
     with plan(rules, sources=sources, require_pinned=require_pinned) as the_plan:
+        _say_warnings(the_plan, strict)
         result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync, algorithm=digest,
                          options=options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))
+
+
+def _say_warnings(the_plan: Plan, strict: bool) -> None:
+    if strict and the_plan.warnings:
+        more = len(the_plan.warnings) - 1
+        raise PlanError(f"{the_plan.warnings[0]}" + (f" (and {more} more warning{'s' if more > 1 else ''})" if more else "")
+                        + "; --strict makes a warning an error: fix the rule, or run without --strict")
+    for warning in the_plan.warnings:
+        logger.warning("{}", warning)
 
 
 def finalize(

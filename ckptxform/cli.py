@@ -85,13 +85,19 @@ def _echo_report(text: str) -> None:
 
 
 def _print_result(result: Any, as_json: bool) -> None:
-    """What ``apply`` or ``finalize`` did: its JSON object, or its report unless -q."""
+    """What ``apply`` or ``finalize`` did: its JSON object, or its report unless -q. OUT is
+    committed, so a stdout that cannot take it is said on stderr and the command still
+    exits 0 (README, "Exit status and --json")."""
     from . import report
+    from .log import logger
+    from .terminal import echo_done
 
-    if as_json:
-        click.echo(json.dumps(report.apply_json(result), indent=2))
-    else:
-        _echo_report(report.apply_text(result, verbose=_verbose()))
+    if not as_json and _quiet():
+        return
+    lost = echo_done(json.dumps(report.apply_json(result), indent=2) if as_json
+                     else report.apply_text(result, verbose=_verbose()))
+    if lost is not None:
+        logger.warning("{} is written; its report was not printed: {}", result.out, lost)
 
 
 class _Group(click.Group):
@@ -153,18 +159,20 @@ def validate(rules: tuple[str, ...], as_json: bool) -> None:
     from .rules.loader import load_rules
 
     problems: list[str] = []
+    first: RuleError | None = None
     valid = []
     for path in rules:
         try:
             ruleset = load_rules(path)
         except RuleError as err:
             problems.extend(err.problems)
+            first = first or err
         else:
             valid.append({"rules": path, "file": ruleset.path, "name": ruleset.name})
             if not as_json:
                 click.echo(terminal_line(f"{path}: ok"))
-    if problems:
-        raise RuleError(problems)
+    if first is not None:  # every file's problems; the failure object says where the first is
+        raise RuleError(problems, path=first.path, line=first.line, col=first.col)
     if as_json:
         click.echo(json.dumps({"status": "ok", "valid": valid}, indent=2))
 
@@ -256,26 +264,29 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 @click.option("--shard-of", default=None, metavar="RANK/WORLD",
               help="Write only the shards of this rank (index modulo WORLD) for any launcher; then "
                    "'ckptxform finalize'.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1) on a warning of the plan, e.g. a rule that matched no tensor.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
           digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
-          shard_of: str | None, as_json: bool) -> None:
+          shard_of: str | None, strict: bool, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api
 
     result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                        require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
                        jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
-                       shard_of=_parse_shard_of(shard_of))
+                       shard_of=_parse_shard_of(shard_of), strict=strict)
     _print_result(result, as_json)
 
 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
+    from .rules.templates import is_index
+
     rank, sep, world = value.partition("/")
-    if not (sep and rank.isdigit() and world.isdigit() and int(rank) < int(world)):
+    if not (sep and is_index(rank) and is_index(world) and int(rank) < int(world)):
         raise UsageError(f"--shard-of {value!r}: expected RANK/WORLD with 0 <= RANK < WORLD, e.g. --shard-of 0/4")
     return int(rank), int(world)
 

@@ -87,13 +87,15 @@ class UsageError(CkptxformError, ValueError):
 
 
 class RuleError(CkptxformError, ValueError):
-    """A rule file is invalid. ``problems`` holds every ``FILE:LINE:COL: ...`` message."""
+    """A rule file is invalid. ``problems`` holds every ``FILE:LINE:COL: ...`` message;
+    ``path``, ``line`` and ``col`` say where the first one is, when known."""
 
     exit_code = 2
 
-    def __init__(self, problems: Iterable[str], *, path: str | None = None) -> None:
+    def __init__(self, problems: Iterable[str], *, path: str | None = None, line: int | None = None,
+                 col: int | None = None) -> None:
         self.problems = [redact(p) for p in problems]
-        super().__init__("\n".join(self.problems), path=path)
+        super().__init__("\n".join(self.problems), path=path, line=line, col=col)
 
 
 class CheckpointFormatError(CkptxformError, ValueError):

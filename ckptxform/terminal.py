@@ -2,7 +2,9 @@
 
 ``ckptxform plan ... | head -c1`` closes the pipe early, ``> /dev/full`` fails every
 write and ``>&-`` leaves no stdout at all; each is an ``OutputStreamError`` (exit 1), and
-the interpreter's final flush of the broken stream is kept quiet.
+the interpreter's final flush of the broken stream is kept quiet. The report of an
+``apply`` that committed its output is the exception (``echo_done``): the work is done,
+so the command exits 0 and says on stderr that the report was lost.
 """
 
 from __future__ import annotations
@@ -64,6 +66,21 @@ def guarded_stdout() -> Iterator[None]:
         raise
     finally:
         sys.stdout = real
+
+
+def echo_done(text: str) -> str | None:
+    """Print ``text``, the report of work already done (an ``apply`` that committed OUT):
+    None, or, when stdout cannot take it, why (the stream is then silenced): the exit
+    status says whether the work was done, so a full or closed stdout is not a failure."""
+    import click
+
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except OutputStreamError as err:
+        _silence(getattr(sys.stdout, "_stream", sys.stdout))
+        return err.message
+    return None
 
 
 def _silence(stream: TextIO) -> None:

@@ -161,6 +161,29 @@ class Step:
 
 
 @dataclass(frozen=True)
+class IndexNames(Sequence[str]):
+    """The indices ``'0'`` .. ``str(count - 1)``, never listed: a count from a config or a
+    header may be any size, and a group is checked against it before anything is listed."""
+
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [str(j) for j in range(*i.indices(self.count))]
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        return str(i % self.count)
+
+    def __contains__(self, name: object) -> bool:
+        # ASCII digits without a leading zero: '²' and '07' are no index
+        return (isinstance(name, str) and name.isascii() and name.isdigit() and str(int(name)) == name
+                and int(name) < self.count)
+
+
+@dataclass(frozen=True)
 class OpDef(ABC):
     """The definition of one verb of ``ops:`` (a dataclass without fields: it is plain data
     where a plan is digested, named by its type)."""
@@ -181,8 +204,9 @@ class OpDef(ABC):
         value = args.get("over" if self.kind == "reduce" else "into")
         return value if isinstance(value, str) else None
 
-    def expected(self, args: Any, ctx: Context) -> list[str] | None:
-        """Reduce ops: the values the variable must take in a complete group, when the op knows."""
+    def expected(self, args: Any, ctx: Context) -> Sequence[str] | None:
+        """Reduce ops: the values the variable must take in a complete group, when the op
+        knows (a sequence that need not be listed: ``IndexNames`` for a count)."""
         return None
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:

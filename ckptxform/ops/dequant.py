@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from ..dtypes import DTYPE_SIZES, USER_DTYPES
 from ..errors import QuantizationConfigError
 from ..quant.kernels import Fp8Block, Int4Groups, dequant_fp8_rows, dequant_int4_rows
+from ..quant.finite import checked
 from ..quant.pipeline import in_order
 from ..quant.schemes import CompressedConfig, Found, Fp8BlockConfig, find_quantization_config
 from .base import Block, BlockOp, Context, InputTensor, NoInverse, Value, View
@@ -31,7 +32,10 @@ _OUT_DTYPES = ("bfloat16", "float16", "float32")
 _Parsed = TypeVar("_Parsed")
 _ARGS = {"type": "object", "additionalProperties": False, "required": ["over"],
          "properties": {"over": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-                        "dtype": {"enum": list(_OUT_DTYPES), "default": "bfloat16"}}}
+                        "dtype": {"enum": list(_OUT_DTYPES), "default": "bfloat16"},
+                        "allow_nonfinite": {"type": "boolean", "default": False,
+                                            "description": "write NaN/inf values a NaN or inf scale or a NaN "
+                                                           "byte makes (default: refuse them)"}}}
 
 
 class _Dequant(BlockOp):
@@ -95,8 +99,8 @@ class DequantFp8Block(_Dequant):
             raise ctx.error(f"{skey!r} has shape {list(scale.shape)}, but weight_block_size {list(config.block)} "
                             f"of {wkey!r} {[rows, cols]} needs {list(want)}: the quantization_config does not "
                             "match the tensors", key=skey)
-        return Block(self, {"block": config.block, "dtype": self._out_dtype(args)}, (weight, scale),
-                     (rows, cols), self._out_dtype(args))
+        return Block(self, {"block": config.block, "dtype": self._out_dtype(args), **_finite_args(args, ctx, wkey)},
+                     (weight, scale), (rows, cols), self._out_dtype(args))
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
         weight, scale = inputs
@@ -112,7 +116,8 @@ class DequantFp8Block(_Dequant):
                 count = min(step, rows - first)
                 w = weight.read(first * cols, count * cols)
                 s = scale.read(first // bh * scale_row, layout.scale_rows(count) * scale_row)
-                yield partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype)
+                yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), first,
+                               scale=s, scale_dtype="F32", largest_code=448.0, e4m3_codes=w)
         return in_order(tasks())
 
 
@@ -180,8 +185,8 @@ class DequantInt4(_Dequant):
             inputs.append(zp)
         out = self._out_dtype(args)
         # weight_shape's two integers are read when the block runs (a plan reads headers only)
-        return Block(self, {"group": group, "dtype": out, "shape_key": ctx.key("weight_shape"), "label": ctx.label},
-                     tuple(inputs), (rows, cols), out)
+        return Block(self, {"group": group, "dtype": out, "shape_key": ctx.key("weight_shape"), "label": ctx.label,
+                            **_finite_args(args, ctx, ctx.key("weight_packed"))}, tuple(inputs), (rows, cols), out)
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
         packed, scale, shape = inputs[:3]
@@ -200,10 +205,24 @@ class DequantInt4(_Dequant):
                 zp = None
                 if zero_point is not None:
                     zp = zero_point.read(first // 8 * zp_row, layout.zero_point_rows(count) * zp_row)
-                yield partial(dequant_int4_rows, packed.read(first * packed_row, count * packed_row),
-                              scale.read(first * scale_row, count * scale_row), layout,
-                              zero_point=zp, out_dtype=out_dtype)
+                s = scale.read(first * scale_row, count * scale_row)
+                yield _checked(block, partial(dequant_int4_rows, packed.read(first * packed_row, count * packed_row),
+                                              s, layout, zero_point=zp, out_dtype=out_dtype), first,
+                               scale=s, scale_dtype=layout.scale_dtype, largest_code=15.0)
         return in_order(tasks())
+
+
+def _finite_args(args: Any, ctx: Context, key: str) -> dict[str, Any]:
+    """What the block needs to refuse non-finite output values: None when they are allowed."""
+    return {"nonfinite": None if args.get("allow_nonfinite", False) else f"{ctx.label}: {key!r} dequantized"}
+
+
+def _checked(block: Block, compute: Callable[[], memoryview], first_row: int, **inputs: Any) -> Callable[[], memoryview]:
+    """``compute``, refusing a non-finite value unless the rule allows them (quant/finite.py)."""
+    what = block.args["nonfinite"]
+    if what is None:
+        return compute
+    return checked(compute, dtype=block.args["dtype"], cols=block.shape[1], first_row=first_row, what=what, **inputs)
 
 
 def _literals(args: Any, ctx: Context, members: list[tuple[str, View]], allowed: tuple[str, ...]) -> dict[str, View]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Context, NoInverse, OpDef, Value, View, join_runs, outer_inner
+from .base import Context, IndexNames, NoInverse, OpDef, Value, View, join_runs, outer_inner
 
 _EXPR = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
 _VAR = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
@@ -42,10 +42,14 @@ class Stack(OpDef):
     description = "New dim 0 over a template variable, in natural index order (expert 10 after 9)."
     schema = _counted("over")
 
-    def expected(self, args: Any, ctx: Context) -> list[str] | None:
+    def expected(self, args: Any, ctx: Context) -> IndexNames | None:
         if "count" not in args:
             return None
-        return [str(i) for i in range(ctx.integer(args["count"], "stack.count"))]
+        count = ctx.integer(args["count"], "stack.count")
+        if count < 0:
+            raise ctx.error(f"stack over {args['over']}: count {args['count']!r} is {count}, a negative number "
+                            "of members; fix the count (or the config field it reads)")
+        return IndexNames(count)
 
     def reduce(self, args: Any, ctx: Context, members: list[tuple[str, View]]) -> Value:
         shapes = {v.shape for _, v in members}
@@ -75,6 +79,10 @@ class Unstack(OpDef):
             want = ctx.integer(args["count"], "unstack.count")
             if want != count:
                 raise ctx.error(f"unstack: count is {want} but dim 0 of the tensor is {count}")
+        if count and not value.nbytes:
+            # a header's dim 0 alone would make that many outputs, each of no bytes
+            raise ctx.error(f"unstack: dim 0 of the tensor (shape {list(value.shape)}) is {count:,} but it holds "
+                            "no bytes: there is nothing to unstack")
         per = value.nbytes // count if count else 0
         return [(str(i), View(value.shape[1:], value.dtype, tuple(value.slice(i * per, per))))
                 for i in range(count)]
@@ -213,6 +221,8 @@ class RopePermute(_RowOrder):
         rows = value.shape[0] if value.shape else 0
         if heads <= 0 or rows % heads or (rows // heads) % 2:
             raise ctx.error(f"{self.verb}: {rows} rows do not make {heads} heads of an even head size")
+        if not value.nbytes:  # rows of no bytes (a header's claim alone): nothing to reorder or list
+            return value
         return value.rows(rope_order(rows, heads, self.verb != "rope_permute"), value.shape)
 
 
@@ -254,6 +264,8 @@ class QkvInterleave(_RowOrder):
         rows = value.shape[0] if value.shape else 0
         if kv <= 0 or heads % kv or rows % (heads + 2 * kv):
             raise ctx.error(f"{self.verb}: {rows} rows are not q, k and v of {heads} heads with {kv} kv heads")
+        if not value.nbytes:  # rows of no bytes (a header's claim alone): nothing to reorder or list
+            return value
         order = interleave_order(heads, kv, rows // (heads + 2 * kv), self.verb != "qkv_interleave")
         return value.rows(order, value.shape)
 

@@ -172,19 +172,25 @@ def _decode_e4m3(raw: torch.Tensor, n: int) -> torch.Tensor:
     Sign-extended to int32 and shifted left by 20, a byte's sign lands in bit 31 (bits
     27-31 are copies of it) and its exponent and mantissa in bits 23-26 and 20-22: masked,
     that is the float32 of the same value times 2**-120 (subnormals included, as the two
-    formats' subnormals differ by the same power of two). The NaN bytes 0x7F/0xFF come
-    out as +-480 (quantized weights have no NaN).
+    formats' subnormals differ by the same power of two). The NaN bytes 0x7F/0xFF would
+    come out as +-480: they are made NaN, as torch's float8_e4m3fn (and OCP's FP8
+    definition) decode them.
     """
     import torch
 
     bits = _scratch(n)
     bits.copy_(raw)
     bits.bitwise_left_shift_(20).bitwise_and_(_E4M3_MASK)
+    # 0x7F is int8's largest value and 0xFF uint8's: two reductions find them, no mask
+    if n and (int(raw.max()) == 0x7F or int(raw.view(torch.uint8).max()) == 0xFF):
+        bits[raw.bitwise_and(0x7F) == 0x7F] = _F32_NAN
     return bits.view(torch.float32)
 
 
 #: sign bit and the 7 bits of exponent+mantissa, after the shift (as a signed int32)
 _E4M3_MASK = 0x87F00000 - (1 << 32)
+#: float32's quiet NaN, as an int32
+_F32_NAN = 0x7FC00000
 
 _local = threading.local()
 

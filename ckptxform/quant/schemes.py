@@ -17,13 +17,14 @@ and field; the op adds the rule and the tensor key.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import QuantizationConfigError
 
-__all__ = ["CONFIG_PATHS", "CompressedConfig", "Fp8BlockConfig", "Int4Group", "find_quantization_config"]
+__all__ = ["CONFIG_PATHS", "CompressedConfig", "Fp8BlockConfig", "Int4Group", "dequant_op_for", "find_quantization_config",
+           "scale_of"]
 
 CONFIG_PATHS = ("quantization_config", "text_config.quantization_config", "compression_config")
 
@@ -162,3 +163,25 @@ def _names(entry: str, module: str) -> bool:
 
 def _is_class_name(entry: str) -> bool:
     return not entry.startswith("re:") and "." not in entry and entry[:1].isupper()
+
+
+def scale_of(key: str, tensors: Mapping[str, Any]) -> str | None:
+    """The key of the scale a quantized weight ``key`` is stored with, if ``tensors`` has
+    one: ``W_scale_inv`` (FP8 block), ``M.weight_scale`` (compressed-tensors, per-tensor
+    FP8), or ``W_scale``."""
+    module = key.rsplit(".", 1)[0] if key.endswith((".weight", ".weight_packed")) else None
+    candidates = [f"{key}_scale_inv", f"{key}_scale"]
+    if module is not None:
+        candidates += [f"{module}.weight_scale", f"{module}.weight_scale_inv"]
+    return next((c for c in candidates if c in tensors), None)
+
+
+def dequant_op_for(found: Found, dtype: str, scale: str) -> str | None:
+    """The op that dequantizes a ``dtype`` weight scaled by ``scale`` under ``found``, if
+    ckptxform has one (dequant_fp8_block, dequant_int4)."""
+    method = found.value.get("quant_method")
+    if method == "fp8" and dtype == "F8_E4M3" and scale.endswith("_scale_inv"):
+        return "dequant_fp8_block"
+    if method == "compressed-tensors" and dtype in ("I32", "U8") and scale.endswith(".weight_scale"):
+        return "dequant_int4"
+    return None

@@ -77,7 +77,8 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
                          "'sources', and name the one whose tensors they convert in 'convert'"))
     if problems:
         ordered = sorted(set(problems), key=lambda p: p[0])
-        raise RuleError([message for _, message in ordered], path=label)
+        (file, line, col), _ = ordered[0]
+        raise RuleError([message for _, message in ordered], path=file, line=line, col=col)
     digest = hashlib.sha256()
     for doc in chain:
         digest.update(doc.raw)

@@ -169,7 +169,7 @@ def _explain(error: ValidationError, root: Any) -> list[tuple[tuple[str | int, .
     if kind == "type":
         expected = error.validator_value
         names = [_SCHEMA_TYPES.get(t, t) for t in ([expected] if isinstance(expected, str) else expected)]
-        return [(path, False, f"expected {' or '.join(names)}, got {_type_name(value)} {_short(value)}")]
+        return [(path, False, f"expected {' or '.join(names)}, got {_got(value)}")]
     if kind == "enum":
         options = ", ".join(repr(v) for v in error.validator_value)
         return [(path, False, f"{_short(value)} is not one of {options}")]
@@ -217,12 +217,20 @@ def _explain_one_of(
         elif "type" in branch:
             forms.append(_SCHEMA_TYPES.get(branch["type"], branch["type"]))
     if not isinstance(value, dict) and all("required" in b for b in branches):
-        return [(path, False, f"expected a mapping with keys {' or '.join(forms)}, got {_type_name(value)} {_short(value)}")]
+        return [(path, False, f"expected a mapping with keys {' or '.join(forms)}, got {_got(value)}")]
     if error.validator == "oneOf" and isinstance(value, dict):
         matching = [b for b in branches if all(k in value for k in b.get("required", []))]
         if len(matching) > 1:
             return [(path, False, f"give exactly one of the forms {' or '.join(forms)}, not several")]
     return [(path, False, f"expected one of the forms {' or '.join(forms)}, got {_short(value)}")]
+
+
+def _got(value: Any) -> str:
+    """What was given: its type and value, or the value alone when that says its type
+    (``null``, ``true``: not ``null null``)."""
+    if value is None or isinstance(value, bool):
+        return _short(value)
+    return f"{_type_name(value)} {_short(value)}"
 
 
 def _short(value: Any) -> str:

@@ -16,6 +16,7 @@ from .file_rules import entry_problems
 from .key_pattern import KeyPattern, regex_literal
 from .schema_check import format_path, plain
 from .template_rules import parse_template_rule
+from .templates import is_index
 
 # Every escape of a rename template, so that an escaped backslash (``\\1``) is not read
 # as a group reference; group(1) is a group number, group(2) a ``\g<...>`` name.
@@ -105,7 +106,7 @@ def semantic_problems(m: Merged) -> list[Problem]:
                     bad_group = True
                     report(node, ("rename",), f"\\{number} refers to group {number} but 'match' has "
                            f"{pattern.groups} group{'s' if pattern.groups != 1 else ''}")
-                if name is not None and not (name.isdigit() and int(name) <= pattern.groups) \
+                if name is not None and not (is_index(name) and int(name) <= pattern.groups) \
                         and name not in pattern.groupindex:
                     bad_group = True
                     report(node, ("rename",), f"\\g<{name}> names no group of 'match'")

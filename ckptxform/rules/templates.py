@@ -135,7 +135,12 @@ def _values(body: str, col: int, text: str) -> tuple[str, ...]:
 
 def natural_key(value: str) -> tuple[int, int | str]:
     """Sort key putting '10' after '9' (experts, layers), names after numbers."""
-    return (0, int(value)) if value.isdigit() else (1, value)
+    return (0, int(value)) if is_index(value) else (1, value)
+
+
+def is_index(value: str) -> bool:
+    """ASCII digits only: '²' and '٣' are digits to ``str.isdigit`` but name no index."""
+    return value.isascii() and value.isdigit()
 
 
 def expand_from(target: Template, source: Template, binding: dict[str, str]) -> str:

@@ -9,12 +9,15 @@ record the position of every value and every mapping key by its path.
 from __future__ import annotations
 
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .._data import data_dir
 from ..errors import FileTooLargeError, NotAFileError, RuleError
 from ..fileio import read_small_file
 from ..where import Where
@@ -123,7 +126,8 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark else label
-        raise RuleError([f"{where}: invalid YAML: {_yaml_problem(err)}"], path=label) from None
+        raise RuleError([f"{where}: invalid YAML: {_yaml_problem(err)}"], path=label,
+                        line=mark.line + 1 if mark else None, col=mark.column + 1 if mark else None) from None
     except yaml.reader.ReaderError as err:  # a control character; it carries an offset, not a mark
         line = text.count("\n", 0, err.position) + 1
         col = err.position - (text.rfind("\n", 0, err.position) + 1) + 1
@@ -133,6 +137,8 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
         ) from None
     except yaml.YAMLError as err:
         raise RuleError([f"{label}: invalid YAML: {' '.join(str(err).split())}"], path=label) from None
+    if node is None and not raw and stat.S_ISFIFO(os.stat(path).st_mode):
+        raise RuleError([_empty_fifo(path, label)], path=label)
     if node is None:
         raise RuleError([f"{label}:1:1: the file is empty; a rule file starts with 'version: 1'"], path=label)
     builder = _Builder(label)
@@ -140,6 +146,14 @@ def read_yaml(path: Path, label: str) -> YamlDocument:
     if builder.problems:
         raise RuleError(builder.problems, path=label)
     return YamlDocument(label, data, builder.values, builder.keys, raw)
+
+
+def _empty_fifo(path: Path, label: str) -> str:
+    """A FIFO nothing was written to: say so, and name the shipped rule it may shadow."""
+    shipped = data_dir("rules") / os.path.basename(path)
+    hint = (f" (a shipped rule has that file name: {shipped.stem!r} names it; or remove the FIFO)"
+            if shipped.is_file() else "")
+    return f"{label}: is a FIFO (named pipe) and nothing was written to it; give the path of a YAML file{hint}"
 
 
 class _Builder:

@@ -63,7 +63,26 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
 
     for path, value, where in spec.set:
         _set(out, path, resolve(value, f"config.set.{path} ({where.short})"))
+    if rules.output.dtype is not None:
+        _say_dtype(out, rules.output.dtype)
     return out
+
+
+#: the fields transformers reads a checkpoint's dtype from (``dtype`` since 5.0)
+_DTYPE_FIELDS = ("torch_dtype", "dtype")
+
+
+def _say_dtype(out: dict[str, Any], dtype: str) -> None:
+    """``output.dtype`` is what the floating tensors are: the config's dtype fields say it,
+    at the top and in every sub-config (``text_config``, ...) that has one, whatever the
+    source's config or ``config.set`` held (a variant changing output.dtype changes them)."""
+    for field in _DTYPE_FIELDS:
+        out[field] = dtype
+    for value in out.values():
+        if isinstance(value, dict):
+            for field in _DTYPE_FIELDS:
+                if field in value:
+                    value[field] = dtype
 
 
 def _set(obj: dict[str, Any], path: str, value: Any) -> None:

@@ -66,10 +66,10 @@ def _candidates(ckpt: Checkpoint) -> list[str]:
             if f not in weights and f not in (CONFIG, AUDIT_FILE) and not _WEIGHT_INDEX.fullmatch(f)]
 
 
-def _reserved(target: str, config_file: str) -> bool:
+def _reserved(name: str, config_file: str) -> bool:
     """Names the output's own files take: weights, their index, its config, the audit."""
-    return "/" not in target and (target.endswith(".safetensors") or target in (CONFIG, config_file, AUDIT_FILE)
-                                  or _WEIGHT_INDEX.fullmatch(target) is not None)
+    return name.endswith(".safetensors") or name in (CONFIG, config_file, AUDIT_FILE) \
+        or _WEIGHT_INDEX.fullmatch(name) is not None
 
 
 def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPlan:
@@ -118,13 +118,26 @@ def _add_copy(copies: dict[str, FileCopy], copy: FileCopy, rule: FileRule, confi
     if problem is not None:
         raise PlanError(f"{rule.label}: output path {copy.target!r} (for {copy.path!r}) {problem}; fix the rename",
                         source=copy.source)
-    if _reserved(copy.target, config_file):
-        raise PlanError(f"{rule.label}: would copy {copy.source}:{copy.path!r} to {copy.target!r}, a name the "
-                        "output's weights, config.json or audit take; skip the file or rename it",
+    # the output's own files are at its top: a copy may not take their name, nor make it a folder
+    top = copy.target.split("/", 1)[0]
+    if _reserved(top, config_file):
+        under = "" if top == copy.target else f", under {top!r}"
+        raise PlanError(f"{rule.label}: would copy {copy.source}:{copy.path!r} to {copy.target!r}{under}, a name "
+                        "the output's weights, config.json or audit take; skip the file or rename it",
                         source=copy.source)
     earlier = copies.get(copy.target)
     if earlier is not None:
         raise PlanError(f"{rule.label}: {copy.source}:{copy.path!r} and {earlier.source}:{earlier.path!r} would "
                         f"both be copied to {copy.target!r}; rename one (rename: may use {{path}})",
                         source=copy.source)
+    parts = copy.target.split("/")
+    folders = ("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = next((t for t in folders if t in copies), None) or \
+        next((t for t in copies if t.startswith(copy.target + "/")), None)
+    if clash is not None:
+        other = copies[clash]
+        raise PlanError(f"{rule.label}: {copy.source}:{copy.path!r} would be copied to {copy.target!r} and "
+                        f"{other.source}:{other.path!r} to {clash!r}: one path cannot be a file and a folder; "
+                        "rename one (rename: may use {path})", source=copy.source)
     copies[copy.target] = copy
+

@@ -8,16 +8,16 @@ index order) and a missing member is a plan error naming the key that is missing
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
 from typing import Any
 
 from ...dtypes import DTYPE_SIZES
 from ...errors import PlanError
-from ...ops.base import Block, Context, Run, Step, Value, View
+from ...ops.base import Block, Context, IndexNames, Run, Step, Value, View
 from ...rules.model import TensorRule
-from ...rules.templates import Template, expand_from, natural_key
+from ...rules.templates import Template, expand_from, is_index, natural_key
 from ...sources.base import TensorInfo
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
 from .references import MISSING, References, get_path
@@ -126,28 +126,34 @@ class _Chain:
         return out
 
     def _order(self, step: Step, ctx: _StepContext, rest: Binding, var: str, present: set[str]) -> list[str]:
-        """The members a complete group has, in order; a plan error names one that is missing."""
+        """The members a complete group has, in order; a plan error names one that is missing.
+
+        A count (a config field, a header's dim, the largest index in a key) may be any
+        size: the group is checked against it before a name is listed, so a huge one is
+        a missing member, not an unbounded list."""
         enumerated = self.key.variables[var].values if var in self.key.variables else None
         expected = enumerated or step.op.expected(step.args, ctx)
         if expected is not None:
-            order = list(expected)
-        elif all(m.isdigit() for m in present):
-            order = [str(i) for i in range(max(int(m) for m in present) + 1)]
+            order: Sequence[str] = expected
+        elif all(map(is_index, present)):
+            order = IndexNames(max(int(m) for m in present) + 1)
         else:
             order = sorted(present, key=natural_key)
         verb = step.verb
-        missing = [m for m in order if m not in present]
-        if missing:
-            name = _member_key(self.key, dict(rest), var, missing[0])
+        inside = [m for m in present if m in order]
+        if len(inside) < len(order):
+            first = next(m for m in order if m not in present)  # among the first len(present) + 1
+            name = _member_key(self.key, dict(rest), var, first)
+            missing = len(order) - len(inside)
             raise ctx.error(f"incomplete group: {name!r} is missing"
-                            + (f" ({len(missing)} members missing)" if len(missing) > 1 else "")
+                            + (f" ({missing:,} members missing)" if missing > 1 else "")
                             + f"; {verb} over {{{var}}} needs {', '.join(order[:8])}"
                             + ("..." if len(order) > 8 else ""), key=name)
-        extra = sorted(present - set(order), key=natural_key)
+        extra = sorted(present - set(inside), key=natural_key)
         if extra:
             raise ctx.error(f"{_member_key(self.key, dict(rest), var, extra[0])!r} is beyond the {len(order)} "
                             f"members {verb} over {{{var}}} expects ({', '.join(order[:8])})")
-        return order
+        return list(order)
 
     def output(self, out_key: str, value: Value, source: str) -> PlannedOutput:
         """The recipe of one output: the inputs it reads (renumbered in reading order)."""

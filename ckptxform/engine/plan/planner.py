@@ -21,6 +21,8 @@ from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
 from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
+from .cast_checks import check_quantized_casts
+from .config_checks import check_config
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
@@ -139,6 +141,8 @@ class _Planner:
         check_requirements(self.rules, self.outputs, self.producer, list(self.ckpts[self.rules.convert].tensors))
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
+        check_config(config, self.outputs, self.rules)
+        check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         check_config_requirements(self.rules, config, self.ckpts, self.vocab)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,

@@ -1,0 +1,157 @@
+"""The written config.json against the tensors written, at plan time.
+
+A rule that writes an HF config states the model's dimensions twice: once in the config,
+once in the shapes of the tensors. When they disagree (one model-parallel shard taken for
+the whole model, a field set from the wrong source) transformers refuses the output or,
+worse, loads it wrongly. Each check reads one field and the tensors that must agree with
+it, by the Hugging Face names those tensors have (with or without the ``model.`` prefix,
+and an EAGLE-3 drafter's ``midlayer.``); a field the config does not hold, or a tensor the
+output does not have, is not checked. Every layer ``num_hidden_layers`` counts is
+written. MLA attention (``kv_lora_rank``) has other head shapes and is left out of the
+head checks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ...errors import PlanError
+from ...rules.model import RuleSet
+from .recipes import OutputPlan
+
+_LAYER = r"(?:model\.)?(?:layers\.[0-9]+\.|midlayer\.)"
+_ORDINAL = ("rows", "columns")
+
+#: (field, key pattern, dim): the tensors whose size in ``dim`` is ``field`` (a product of
+#: fields when the field is a tuple)
+_DIMENSIONS: tuple[tuple[str, str, int], ...] = (
+    ("vocab_size", r"(?:model\.)?embed_tokens\.weight", 0),
+    ("hidden_size", r"(?:model\.)?embed_tokens\.weight", 1),
+    ("hidden_size", r"(?:model\.)?norm\.weight", 0),
+    ("hidden_size", r"lm_head\.weight", 1),
+    ("hidden_size", _LAYER + r"(?:input_layernorm|post_attention_layernorm)\.weight", 0),
+    ("hidden_size", _LAYER + r"self_attn\.o_proj\.weight", 0),
+    ("hidden_size", _LAYER + r"mlp\.down_proj\.weight", 0),
+    ("intermediate_size", _LAYER + r"mlp\.(?:gate_proj|up_proj)\.weight", 0),
+    ("intermediate_size", _LAYER + r"mlp\.down_proj\.weight", 1),
+)
+_HEADS = (
+    ("num_attention_heads", _LAYER + r"self_attn\.q_proj\.weight", 0),
+    ("num_attention_heads", _LAYER + r"self_attn\.o_proj\.weight", 1),
+    ("num_key_value_heads", _LAYER + r"self_attn\.(?:k_proj|v_proj)\.weight", 0),
+)
+_ROUTER = _LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight"
+_FUSED_EXPERTS = _LAYER + r"mlp\.experts\.(?:gate_up_proj|down_proj)"
+_EXPERT_KEY = re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.experts\.([0-9]+)\.")
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+_LAYER_KEY = re.compile(r"(?:model\.)?layers\.([0-9]+)\.")
+
+
+def check_config(config: Mapping[str, Any] | None, outputs: Mapping[str, OutputPlan], rules: RuleSet) -> None:
+    """Raise PlanError naming the first field of the written ``config`` (None: the rules
+    write none) that a written tensor contradicts."""
+    problem = None if config is None else next(_problems(config, outputs), None)
+    if problem is not None:
+        assert rules.config is not None
+        raise PlanError(f"config ({rules.config.where.short}): {problem}; the written config must describe the tensors "
+                        "written: fix the rule's config section, or convert the whole checkpoint (one "
+                        "model-parallel shard has a fraction of the model's dimensions)")
+
+
+def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
+    keys = sorted(outputs)
+    for name, pattern, dim in _DIMENSIONS:
+        yield from _disagreements(name, _int(config, name), pattern, dim, outputs, keys)
+    if "lm_head.weight" in outputs:
+        # an EAGLE-3 drafter's lm_head scores its draft vocabulary only
+        name = "draft_vocab_size" if _int(config, "draft_vocab_size") is not None else "vocab_size"
+        yield from _disagreements(name, _int(config, name), r"lm_head\.weight", 0, outputs, keys)
+    if _int(config, "kv_lora_rank") is None:
+        yield from _head_problems(config, outputs, keys)
+    yield from _expert_problems(config, outputs, keys)
+    yield from _layer_problems(config, keys)
+    yield from _tie_problems(config, outputs)
+
+
+def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+    heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
+    head_dim = _int(config, "head_dim")
+    if heads is None or heads <= 0:
+        return
+    if head_dim is None:
+        if hidden is None:
+            return
+        head_dim = hidden // heads
+    kv_heads = _int(config, "num_key_value_heads")
+    counts = {"num_attention_heads": heads, "num_key_value_heads": heads if kv_heads is None else kv_heads}
+    for name, pattern, dim in _HEADS:
+        label = f"{name} x head_dim ({counts[name]} x {head_dim})"
+        yield from _disagreements(label, counts[name] * head_dim, pattern, dim, outputs, keys)
+
+
+def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+    name = next((f for f in _EXPERT_FIELDS if _int(config, f) is not None), None)
+    if name is None:
+        return
+    count = _int(config, name)
+    assert count is not None
+    yield from _disagreements(name, count, _ROUTER, 0, outputs, keys)
+    yield from _disagreements(name, count, _FUSED_EXPERTS, 0, outputs, keys)
+    for key in keys:
+        found = _EXPERT_KEY.match(key)
+        if found and int(found.group(1)) >= count:
+            yield f"{name} is {count} but output {key!r} is expert {found.group(1)}"
+
+
+def _layer_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+    """Every decoder layer the config counts is written (a missing one would be initialised
+    at random), and none beyond them but DeepSeek's multi-token-prediction layers."""
+    layers = _int(config, "num_hidden_layers")
+    found: dict[int, str] = {}  # layer -> its first output key
+    for key in keys:
+        if (m := _LAYER_KEY.match(key)) is not None:
+            found.setdefault(int(m.group(1)), key)
+    if layers is None or not found:
+        return
+    extra = _int(config, "num_nextn_predict_layers") or 0
+    beyond = [i for i in sorted(found) if i >= layers + extra]
+    if beyond:
+        yield f"num_hidden_layers is {layers} but output {found[beyond[0]]!r} is layer {beyond[0]}"
+    missing = next((i for i in range(min(layers, len(found) + 1)) if i not in found), None)
+    if missing is not None:
+        yield (f"num_hidden_layers is {layers} but no output is of layer {missing} (the output has "
+               f"{len(found)} layer{'s' if len(found) != 1 else ''})")
+
+
+def _tie_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
+    tie = config.get("tie_word_embeddings")
+    embed = next((k for k in ("model.embed_tokens.weight", "embed_tokens.weight") if k in outputs), None)
+    if embed is None or not isinstance(tie, bool):
+        return
+    if tie and "lm_head.weight" in outputs:
+        yield (f"tie_word_embeddings is true but output 'lm_head.weight' is written beside {embed!r}: "
+               "transformers would replace it with the embedding")
+    if not tie and "lm_head.weight" not in outputs:
+        yield (f"tie_word_embeddings is false but no 'lm_head.weight' is written beside {embed!r}: "
+               "transformers would initialise it at random")
+
+
+def _disagreements(label: str, expected: int | None, pattern: str, dim: int,
+                   outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+    if expected is None:
+        return
+    compiled = re.compile(pattern)
+    for key in keys:
+        shape = outputs[key].shape
+        if compiled.fullmatch(key) and len(shape) > dim and shape[dim] != expected:
+            size = (f"{shape[0]} entries" if len(shape) == 1 else
+                    f"{shape[dim]} {_ORDINAL[dim]}" if len(shape) == 2 else f"{shape[dim]} in dim {dim}")
+            yield f"{label} is {expected} but output {key!r} has {size} (shape {list(shape)})"
+            return
+
+
+def _int(config: Mapping[str, Any], name: str) -> int | None:
+    value = config.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
