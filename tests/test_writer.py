@@ -295,16 +295,17 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
     data = os.urandom(3 * MiB + MiB // 2)
     src = tmp_path / "src.bin"
     src.write_bytes(b"head" + data)
-    real_copy = writer._copy_range
+    real_copy = writer.KernelCopier.copy
     copies = []
 
-    def copy_then_cut(*args: object) -> None:
-        real_copy(*args)  # type: ignore[arg-type]
+    def copy_then_cut(*args: object) -> int:
+        cloned = real_copy(*args)  # type: ignore[arg-type]
         copies.append(args)
         if len(copies) == 4:  # the last piece is copied: nothing of the source is left to read
             os.truncate(src, 0)
+        return cloned
 
-    monkeypatch.setattr(writer, "_copy_range", copy_then_cut)
+    monkeypatch.setattr(writer.KernelCopier, "copy", copy_then_cut)
     layout = plan_layout([u8("w", len(data))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:

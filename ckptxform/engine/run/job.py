@@ -184,6 +184,8 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
                      "written": len(written), "bytes_written": layout.total_bytes,
                      "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
+                     # per shard, the data bytes cloned from a source (shared extents), not copied
+                     "cloned_bytes": {s.file: records[s.file].cloned for s in layout.shards},
                      "config_file": plan.rules.output.config_file,
                      "warnings": list(plan.warnings)})
         # every byte is read: a source written to since it was planned fails the run here

@@ -69,7 +69,7 @@ def write_shard(plan: Plan, layout: OutputLayout, shard: ShardLayout, job: JobDi
     # how this shard's Hub bytes were fetched (a worker's plan serves many shards)
     fetches = tuple(event for name in sorted(plan.checkpoints)
                     for event in plan.checkpoints[name].fetch_events()[before[name]:])
-    return job.commit_shard(shard, partial, digests, fetches)
+    return job.commit_shard(shard, partial, digests, fetches, writer.bytes_cloned)
 
 
 def run_shard(task: ShardTask) -> ShardRecord:

@@ -34,7 +34,6 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ckptxform.errors import (
-    CheckpointFormatError,
     OutputError,
     SourceNotFoundError,
     UsageError,
@@ -44,6 +43,7 @@ from ckptxform.errors import (
 from ...fileio import hash_range
 from ...tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
 from ..plan.layout import OutputLayout, TensorPlacement
+from .kernel_copy import KernelCopier
 from ...errors import io_error
 
 #: hash threads; each tensor is hashed on one of them, in order, so two tensors hash at
@@ -55,8 +55,6 @@ _HASH_WINDOW = 16 << 20
 #: (so a shard's last hash ends ~3 ms after its last copy), and another thread's write to
 #: the same file waits at most one piece
 _COPY_PIECE = 16 << 20
-#: bytes copied at once where the kernel cannot copy
-_COPY_BLOCK = 8 << 20
 #: writes at least this big start their writeback at once (when OUT is fsynced)
 _WRITEBACK_MIN = 1 << 20
 
@@ -68,33 +66,6 @@ def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
     mapping: an output file cut short under the run would be SIGBUS, not an error."""
     if hash_range(hasher, fd, offset, length) < length:
         raise OSError(errno.EIO, "the file is shorter than what was written to it")
-
-
-def _truncated(path: Path, offset: int) -> CheckpointFormatError:
-    return CheckpointFormatError(f"source file {str(path)!r} ended at byte {offset}, inside a tensor its "
-                                 "header lists; was it truncated or rewritten during the run?")
-
-
-def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: int, src_path: Path) -> None:
-    """Copy bytes between files in the kernel; plain reads and writes where it cannot
-    (another filesystem, an old kernel, or no copy_file_range at all: macOS)."""
-    kernel_copy = getattr(os, "copy_file_range", None)
-    while length:
-        n = 0
-        if kernel_copy is not None:
-            try:
-                n = kernel_copy(src, dst, length, src_offset, dst_offset)
-            except OSError as err:
-                if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-        if n == 0:  # not supported here (or EOF): copy the rest through a buffer
-            block = os.pread(src, min(length, _COPY_BLOCK), src_offset)
-            if not block:
-                raise _truncated(src_path, src_offset)
-            n = os.pwrite(dst, block, dst_offset)
-        src_offset += n
-        dst_offset += n
-        length -= n
 
 
 def _size(place: TensorPlacement) -> str:
@@ -220,6 +191,13 @@ class ShardWriter:
         self._closed = False
         self._lock = threading.Lock()
         self.bytes_written = 0
+        #: clones where the filesystem shares extents (engine/run/kernel_copy.py)
+        self._copier = KernelCopier()
+
+    @property
+    def bytes_cloned(self) -> int:
+        """Of ``bytes_written``, those cloned from a source file, not copied."""
+        return self._copier.cloned
 
     def __enter__(self) -> ShardWriter:
         # Without this a file-size limit (ulimit -f) kills the process with SIGXFSZ;
@@ -270,7 +248,7 @@ class ShardWriter:
     def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
         """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
         ``src`` in turn, copied inside the kernel (``copy_file_range``: no trip through
-        Python memory, as ``cp`` does); runs of at most _COPY_PIECE bytes together are one
+        Python memory, as ``cp`` does), or cloned where the filesystem can; runs of at most _COPY_PIECE bytes together are one
         piece (the many short runs of a row gather cost a system call each, no more)."""
         runs = [(offset + done, min(_COPY_PIECE, length - done))  # a long run is several pieces
                 for offset, length in runs for done in range(0, length, _COPY_PIECE)]
@@ -289,7 +267,7 @@ class ShardWriter:
                 with self._file_locks[file]:
                     at = dst_offset
                     for offset, length in piece:
-                        _copy_range(src_fd, offset, dst_fd, at, length, src)
+                        self._copier.copy(src_fd, offset, dst_fd, at, length, src)
                         at += length
             except OSError as err:
                 raise self._error(file, err) from None
