@@ -269,6 +269,28 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, algor
             assert tensor_bytes(f.get_tensor(key)) == value, key
 
 
+@pytest.mark.parametrize("algorithm", DIGESTS)
+def test_a_tensor_hashed_on_every_core_has_the_one_call_digest(algorithm: str, tmp_path: Path) -> None:
+    """From PARALLEL_MIN bytes on BLAKE3 hashes a tensor on every core, a few MiB per
+    update: the digest is still the reference's of the bytes (audits verify either way),
+    written in uneven chunks and copied alike."""
+    from ckptxform.tensor_digest import PARALLEL_MIN
+
+    data = os.urandom(PARALLEL_MIN + 12345)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 7 + data)
+    layout = plan_layout([u8("w", len(data)), u8("c", len(data))], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
+            for i in range(0, len(data), 3 * MiB + 1):
+                shards.write("w", data[i:i + 3 * MiB + 1])
+            shards.finish_tensor("w")
+            shards.copy_runs("c", src, [(7, len(data))])
+            shards.finish_tensor("c")
+        od.commit()
+    assert shards.digest("w") == shards.digest("c") == reference_digest(algorithm, data)
+
+
 def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(2 * MiB))

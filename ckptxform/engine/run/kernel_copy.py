@@ -31,7 +31,7 @@ _COPY_BLOCK = 8 << 20
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
 
 
-def _truncated(path: Path, offset: int) -> CheckpointFormatError:
+def truncated(path: Path, offset: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"source file {str(path)!r} ended at byte {offset}, inside a tensor its "
                                  "header lists; was it truncated or rewritten during the run?")
 
@@ -89,7 +89,7 @@ def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: in
         if n == 0:  # not supported here (or EOF): copy the rest through a buffer
             block = os.pread(src, min(length, _COPY_BLOCK), src_offset)
             if not block:
-                raise _truncated(src_path, src_offset)
+                raise truncated(src_path, src_offset)
             n = os.pwrite(dst, block, dst_offset)
         src_offset += n
         dst_offset += n
