@@ -38,10 +38,10 @@ def read_into(fd: int, view: memoryview, offset: int) -> int:
     return done
 
 
-def hash_range(hasher: Any, fd: int, offset: int, length: int) -> int:
-    """Feed ``length`` bytes of ``fd`` from ``offset`` to ``hasher`` through one reused buffer;
-    the count hashed, short only at the end of the file."""
-    view = memoryview(bytearray(min(HASH_BLOCK, max(1, length))))
+def hash_range(hasher: Any, fd: int, offset: int, length: int, block: int | None = None) -> int:
+    """Feed ``length`` bytes of ``fd`` from ``offset`` to ``hasher`` through one reused buffer
+    (of ``block`` bytes, HASH_BLOCK by default); the count hashed, short only at the end of the file."""
+    view = memoryview(bytearray(min(block or HASH_BLOCK, max(1, length))))
     done = 0
     while done < length:
         n = pread_into(fd, view[:min(len(view), length - done)], offset + done)

@@ -3,7 +3,9 @@
 Every byte a conversion writes is hashed, so the hash's speed bounds the conversion's.
 Measured on this project's 2-core vm (AVX-512, SHA-NI): sha256 1.2 GB/s a core, BLAKE3
 (the ``blake3`` package, Rust) 5.8 GB/s a core, faster than the kernel copies the bytes;
-both release the GIL, so tensors are hashed on several threads at once.
+both release the GIL, so tensors are hashed on several threads at once, and a large tensor
+is hashed by BLAKE3 on every core (``max_threads``): BLAKE3 is a tree hash, the same
+function of the bytes however many threads compute it, so audits verify either way.
 
 A ``written`` audit record names its algorithm and keeps the digest under that name:
 ``"digest": "blake3", "blake3": HEX`` (``--digest sha256``: ``"digest": "sha256",
@@ -27,6 +29,12 @@ DIGESTS: tuple[str, ...] = ("blake3", "sha256")
 DEFAULT_DIGEST = DIGESTS[0]
 #: what a ``written`` record without a ``digest`` field (an older audit) holds
 LEGACY_DIGEST = "sha256"
+#: tensors at least this big are hashed on every core (BLAKE3; smaller ones gain nothing
+#: from splitting, and the writer hashes several tensors at once anyway)
+PARALLEL_MIN = 64 << 20
+#: bytes a multi-threaded hasher is given at once: each update is split across the cores
+#: (1 MiB updates gain nothing from the threads)
+PARALLEL_BLOCK = 4 << 20
 
 
 class Hasher(Protocol):
@@ -42,14 +50,20 @@ def check_digest(algorithm: str) -> str:
     return algorithm
 
 
-def new_hasher(algorithm: str) -> Hasher:
-    """A fresh hasher for ``algorithm`` (one of DIGESTS)."""
+def new_hasher(algorithm: str, nbytes: int = 0) -> Hasher:
+    """A fresh hasher for ``algorithm`` (one of DIGESTS), of ``nbytes`` bytes to come: from
+    PARALLEL_MIN on, BLAKE3 on every core."""
     if check_digest(algorithm) == "blake3":
         from blake3 import blake3
 
-        hasher: Hasher = blake3()
+        hasher: Hasher = blake3(max_threads=blake3.AUTO if nbytes >= PARALLEL_MIN else 1)
         return hasher
     return hashlib.sha256()
+
+
+def update_size(algorithm: str, nbytes: int) -> int | None:
+    """Bytes to feed ``new_hasher(algorithm, nbytes)`` at once (None: fileio.hash_range's default)."""
+    return PARALLEL_BLOCK if algorithm == "blake3" and nbytes >= PARALLEL_MIN else None
 
 
 def recorded_digest(event: Mapping[str, Any]) -> tuple[str, str] | None:

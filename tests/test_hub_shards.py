@@ -64,6 +64,8 @@ def comparable(out: Path) -> list[dict[str, Any]]:
             del event["started"]
         elif event["event"] == "fetch":
             event.pop("seconds", None)  # a cached file's event has none
+        elif event["event"] == "summary":
+            del event["jobs"]  # how many processes ran it, and why
     return events
 
 

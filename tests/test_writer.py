@@ -269,6 +269,28 @@ def test_kernel_copies_land_in_place_and_hash_what_was_copied(kernel: str, algor
             assert tensor_bytes(f.get_tensor(key)) == value, key
 
 
+@pytest.mark.parametrize("algorithm", DIGESTS)
+def test_a_tensor_hashed_on_every_core_has_the_one_call_digest(algorithm: str, tmp_path: Path) -> None:
+    """From PARALLEL_MIN bytes on BLAKE3 hashes a tensor on every core, a few MiB per
+    update: the digest is still the reference's of the bytes (audits verify either way),
+    written in uneven chunks and copied alike."""
+    from ckptxform.tensor_digest import PARALLEL_MIN
+
+    data = os.urandom(PARALLEL_MIN + 12345)
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 7 + data)
+    layout = plan_layout([u8("w", len(data)), u8("c", len(data))], max_shard_size=None)
+    with OutputDir(tmp_path / "out") as od:
+        with ShardWriter(od, layout, algorithm=algorithm) as shards:
+            for i in range(0, len(data), 3 * MiB + 1):
+                shards.write("w", data[i:i + 3 * MiB + 1])
+            shards.finish_tensor("w")
+            shards.copy_runs("c", src, [(7, len(data))])
+            shards.finish_tensor("c")
+        od.commit()
+    assert shards.digest("w") == shards.digest("c") == reference_digest(algorithm, data)
+
+
 def test_a_source_truncated_under_a_copy_is_one_clear_error_and_no_output(tmp_path: Path) -> None:
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(2 * MiB))
@@ -295,16 +317,17 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
     data = os.urandom(3 * MiB + MiB // 2)
     src = tmp_path / "src.bin"
     src.write_bytes(b"head" + data)
-    real_copy = writer._copy_range
+    real_copy = writer.KernelCopier.copy
     copies = []
 
-    def copy_then_cut(*args: object) -> None:
-        real_copy(*args)  # type: ignore[arg-type]
+    def copy_then_cut(*args: object) -> int:
+        cloned = real_copy(*args)  # type: ignore[arg-type]
         copies.append(args)
         if len(copies) == 4:  # the last piece is copied: nothing of the source is left to read
             os.truncate(src, 0)
+        return cloned
 
-    monkeypatch.setattr(writer, "_copy_range", copy_then_cut)
+    monkeypatch.setattr(writer.KernelCopier, "copy", copy_then_cut)
     layout = plan_layout([u8("w", len(data))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:

@@ -12,9 +12,11 @@ output row)`` bytes (64 MiB), whatever the tensor's size.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator, Sequence
 from math import prod
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .base import Block, BlockOp, Context, InputTensor, Value, View
@@ -135,6 +137,35 @@ class _LocalTiles:
         tile = np.frombuffer(self.buf, dtype=_UINT[size], count=big_a * mid * count * tail).reshape(
             big_a, mid, count, tail)
         out = np.empty((count, mid, big_a, tail), dtype=_UINT[size])
-        for a0 in range(0, big_a, _BAND):  # a band at a time: the transposed copy stays in cache
-            out[:, :, a0:a0 + _BAND, :] = tile[a0:a0 + _BAND].transpose(2, 1, 0, 3)
+        _transpose_bands(tile, out)
         return out.data.cast("B").toreadonly()
+
+
+def _transpose_bands(tile: Any, out: Any) -> None:
+    """``out[c, m, a, t] = tile[a, m, c, t]``, a band of _BAND ``a`` at a time (the
+    transposed copy stays in cache), the bands shared among a thread a core (numpy's copy
+    releases the GIL; 1.5x on this vm's two busy cores)."""
+    big_a = tile.shape[0]
+    lanes = _pool()._max_workers
+    share = -(-big_a // lanes // _BAND) * _BAND or _BAND
+
+    def bands(lo: int) -> None:
+        for a0 in range(lo, min(lo + share, big_a), _BAND):
+            a1 = min(a0 + _BAND, lo + share, big_a)
+            out[:, :, a0:a1, :] = tile[a0:a1].transpose(2, 1, 0, 3)
+
+    if big_a <= _BAND:
+        bands(0)
+        return
+    for job in [_pool().submit(bands, lo) for lo in range(0, big_a, share)]:
+        job.result()
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return ThreadPoolExecutor(max_workers=max(1, min(cores, 8)), thread_name_prefix="ckptxform-transpose")
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads
+    os.register_at_fork(after_in_child=_pool.cache_clear)

@@ -56,11 +56,14 @@ class ShardRecord:
     mtime_ns: int
     #: the audit's ``fetch`` events of the Hub bytes the task read (by whichever process ran it)
     fetches: tuple[dict[str, Any], ...]
+    #: of its data bytes, those cloned from a source file (shared extents), not copied
+    cloned: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
                 "algorithm": self.algorithm, "digests": [list(d) for d in self.digests],
-                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": list(self.fetches)}
+                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": list(self.fetches),
+                "cloned": self.cloned}
 
     @classmethod
     def from_json(cls, obj: Any) -> ShardRecord | None:
@@ -68,7 +71,7 @@ class ShardRecord:
         try:
             record = cls(obj["file"], obj["size"], obj["header_sha256"], obj["algorithm"],
                          tuple((key, digest) for key, digest in obj["digests"]), obj["inode"], obj["mtime_ns"],
-                         tuple(dict(event) for event in obj["fetches"]))
+                         tuple(dict(event) for event in obj["fetches"]), obj["cloned"])
         except (KeyError, TypeError, ValueError):
             return None
         return record if record.to_json() == obj else None
@@ -174,7 +177,7 @@ class JobDir:
         return re.compile(re.escape(f".{self.out.name}.ckptxform-job-") + "[0-9a-f]{16}")
 
     def commit_shard(self, shard: ShardLayout, partial: Path, digests: tuple[tuple[str, str], ...],
-                     fetches: tuple[dict[str, Any], ...]) -> ShardRecord:
+                     fetches: tuple[dict[str, Any], ...], cloned: int = 0) -> ShardRecord:
         """Flush the written ``partial`` file, rename it into the job directory, then record it."""
         final = self.path / shard.file
         try:
@@ -183,7 +186,8 @@ class JobDir:
             os.replace(partial, final)
             stat = final.stat()
             record = ShardRecord(shard.file, stat.st_size, hashlib.sha256(shard.header).hexdigest(),
-                                 self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns, fetches)
+                                 self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns, fetches,
+                                 cloned)
             self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json())
         except OSError as err:
             raise io_error("writing", self.out / shard.file, err) from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...tensor_digest import DIGESTS, new_hasher, recorded_digest
+from ...tensor_digest import DIGESTS, new_hasher, recorded_digest, update_size
 from .audit import AUDIT_FILE
 from .copied_files import check_copied_files
 from ...errors import CkptxformError, VerifyError, quote_keys
@@ -186,12 +186,12 @@ def _digest(path: Path, identity: tuple[int, int], offset: int, length: int, alg
     """The ``algorithm`` digest (hex) of ``length`` bytes of ``path`` from ``offset``. A file
     cut short or replaced since its header was read (``identity``: its device and inode
     then) raises OSError."""
-    digest = new_hasher(algorithm)
+    digest = new_hasher(algorithm, length)
     with open_regular(path) as file:
         stat = os.fstat(file.fileno())
         if (stat.st_dev, stat.st_ino) != identity:
             raise OSError("the file was replaced while verify read it")
-        done = hash_range(digest, file.fileno(), offset, length)
+        done = hash_range(digest, file.fileno(), offset, length, update_size(algorithm, length))
         if done < length:
             raise OSError(f"the file ends at byte {offset + done}, inside the tensor")
     return digest.hexdigest()

@@ -3,6 +3,14 @@
 The plan knows each output tensor's key, dtype and shape before any byte is read, so the
 files can be created at full size and each tensor written straight to its offset.
 
+A tensor copied unchanged from a local file can be cloned rather than copied where the
+filesystem shares extents (XFS with reflink, btrfs), but only where its bytes sit at the
+same offset modulo the block size in both files. So such tensors (``copied_from``: their
+source file and offset) go first in their shard, in source order, and the shard's header is
+padded with spaces, as safetensors allows, until the data section lines up with the source
+that gives the most bytes: tensors follow each other without gaps, so the tensors of one
+source file, in its order, line up together.
+
 Example::
 
     layout = plan_layout([OutputTensorSpec("w", "BF16", (4, 8))], max_shard_size=None)
@@ -22,6 +30,9 @@ from ckptxform.errors import OutputError, PlanError, UsageError
 
 #: the safetensors library refuses headers larger than this
 _MAX_HEADER_BYTES = 100_000_000
+#: the block size extents are shared in (XFS and btrfs: the page size); a multiple of
+#: every smaller one, so a line-up at 4 KiB is one at 1 or 2 KiB as well
+CLONE_BLOCK = 4096
 
 _DEFAULT_METADATA: Mapping[str, str] = MappingProxyType({"format": "pt"})
 
@@ -125,8 +136,14 @@ def plan_layout(
     max_shard_size: int | None,
     file_name: str = "model.safetensors",
     metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
+    copied_from: Mapping[str, tuple[str, int]] | None = None,
 ) -> OutputLayout:
     """Lay out ``specs`` (kept in order) in shards of at most ``max_shard_size`` data bytes.
+
+    ``copied_from``: key -> (source file, offset) of the tensors copied unchanged from one
+    run of a local file; they lead their shard in source order, and its header is padded
+    so that most of their bytes land at their source's offset modulo CLONE_BLOCK (see the
+    module's docstring). Which tensors a shard holds does not depend on it.
 
     A tensor larger than the limit gets a shard of its own, as huggingface does. One shard
     is named ``file_name``; several are ``model-00001-of-00003.safetensors`` and an index.
@@ -158,7 +175,9 @@ def plan_layout(
         stem = file_name.removesuffix(".safetensors")
         names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
         index_file = f"{file_name}.index.json"
-    shards = tuple(_shard(name, group, metadata) for name, group in zip(names, groups, strict=True))
+    copied_from = copied_from or {}
+    shards = tuple(_shard(name, _source_order(group, copied_from), metadata, copied_from)
+                   for name, group in zip(names, groups, strict=True))
     return OutputLayout(shards=shards, index_file=index_file)
 
 
@@ -176,7 +195,29 @@ def _pack(specs: Sequence[OutputTensorSpec], limit: int | None) -> list[list[Out
     return groups
 
 
-def _shard(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None) -> ShardLayout:
+def _source_order(group: list[OutputTensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> list[OutputTensorSpec]:
+    """The tensors copied unchanged first, in source file and offset order, then the rest in plan order."""
+    return sorted(group, key=lambda spec: (0, *copied_from[spec.key]) if spec.key in copied_from else (1, "", 0))
+
+
+def _header_pad(text_len: int, group: list[OutputTensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> int:
+    """Spaces after a header of ``text_len`` JSON bytes: the least that starts the data
+    8-aligned, as the library does, or, when tensors of ``group`` have phases, the pad that
+    puts the most of their bytes at their source's offset modulo CLONE_BLOCK (ties: the smaller pad). Those
+    tensors then have the alignment they have in their source file."""
+    votes: dict[int, int] = {}
+    start = 0
+    for spec in group:
+        source = copied_from.get(spec.key)
+        if source is not None and spec.nbytes >= 2 * CLONE_BLOCK:
+            pad = (source[1] - 8 - text_len - start) % CLONE_BLOCK
+            votes[pad] = votes.get(pad, 0) + spec.nbytes
+        start += spec.nbytes
+    return max(votes, key=lambda pad: (votes[pad], -pad)) if votes else -(8 + text_len) % 8
+
+
+def _shard(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None,
+           copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
     # JSON keys follow data order (the safetensors library sorts by alignment instead;
     # readers do not care, and data order keeps the file in the plan's order).
     header: dict[str, Any] = {}
@@ -188,7 +229,7 @@ def _shard(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str]
                             "data_offsets": [start, start + spec.nbytes]}
         start += spec.nbytes
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)  # pad like the library so data starts 8-aligned
+    text += b" " * _header_pad(len(text), group, copied_from)
     if len(text) > _MAX_HEADER_BYTES:
         raise PlanError(f"the header of {name!r} would be {len(text)} bytes, more than "
                         f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")

@@ -106,7 +106,20 @@ def _local_pieces(out: OutputPlan, plan: Plan) -> Iterator[Piece] | None:
 def layout_of(plan: Plan) -> OutputLayout:
     """The output files of ``plan`` and where each tensor goes in them."""
     return plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
-                       max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name)
+                       max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name,
+                       copied_from=_copied_from(plan))
+
+
+def _copied_from(plan: Plan) -> dict[str, tuple[str, int]]:
+    """The source file and offset of every output that is one unchanged run of a local
+    file: the layout lines these up so that the writer can clone them."""
+    copied = {}
+    for o in plan.outputs:
+        pieces = _local_pieces(o, plan)
+        first = next(pieces, None) if pieces is not None else None
+        if isinstance(first, tuple) and first[2] == o.nbytes:
+            copied[o.key] = (str(first[0]), first[1])
+    return copied
 
 
 def execute(plan: Plan, out: str | Path, *, force: bool = False, progress: bool | None = None,

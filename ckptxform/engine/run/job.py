@@ -70,11 +70,12 @@ def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *,
                                       f"{' ...' if len(missing) > 8 else ''}; run the ranks that write them "
                                       "(apply --shard-of), then finalize again", path=str(job.path))
                 tasks: list[ShardTask] = []
+                jobs: dict[str, Any] | None = None  # the ranks' runs chose theirs
             else:
                 records = job.open(layout, resume=options.resume)
                 tasks = _tasks(plan, layout, job, records, range(len(layout.shards)))
-                _run(plan, layout, tasks, records, options, progress)
-            written, copied, final = _commit(plan, digest, layout, odir, job, records, started)
+                jobs = _run(plan, layout, tasks, records, options, progress)
+            written, copied, final = _commit(plan, digest, layout, odir, job, records, started, jobs)
         except BaseException as err:
             if not options.finalize:  # finalize never loses the ranks' shards
                 _keep_or_remove(job, err)
@@ -117,9 +118,11 @@ def _tasks(plan: Plan, layout: OutputLayout, job: JobDir, records: dict[str, Sha
 
 
 def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict[str, ShardRecord],
-         options: RunOptions, progress: bool) -> None:
-    """Run ``tasks`` by the executor of ``options``, adding each record to ``records``."""
-    workers = min(options.jobs or default_jobs(len(tasks)), max(1, len(tasks)))
+         options: RunOptions, progress: bool) -> dict[str, Any]:
+    """Run ``tasks`` by the executor of ``options``, adding each record to ``records``; how
+    many processes ran them and why (the audit summary's ``jobs``)."""
+    workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, len(tasks))
+    workers = min(workers, max(1, len(tasks)))
     bar = _progress_bar(sum(layout.shards[t.index].data_nbytes for t in tasks), progress)
     inline = options.executor == "local" and workers == 1
 
@@ -140,6 +143,9 @@ def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict
     finally:
         if bar is not None:
             bar.close()
+    if options.executor == "ray":
+        return {"executor": "ray", "reason": "--executor ray: one task a shard on the cluster"}
+    return {"executor": "local", "workers": workers, "reason": why}
 
 
 def _keep_or_remove(job: JobDir, err: BaseException) -> None:
@@ -155,8 +161,8 @@ def _keep_or_remove(job: JobDir, err: BaseException) -> None:
 
 
 def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
-            records: dict[str, ShardRecord],
-            started: Any) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
+            records: dict[str, ShardRecord], started: Any,
+            jobs: dict[str, Any] | None) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
     files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
     algorithm = job.identity["algorithm"]
@@ -184,6 +190,9 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
                      "written": len(written), "bytes_written": layout.total_bytes,
                      "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
+                     # per shard, the data bytes cloned from a source (shared extents), not copied
+                     "cloned_bytes": {s.file: records[s.file].cloned for s in layout.shards},
+                     "jobs": jobs,  # how many processes wrote the shards, and why
                      "config_file": plan.rules.output.config_file,
                      "warnings": list(plan.warnings)})
         # every byte is read: a source written to since it was planned fails the run here

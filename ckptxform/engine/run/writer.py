@@ -34,7 +34,6 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from ckptxform.errors import (
-    CheckpointFormatError,
     OutputError,
     SourceNotFoundError,
     UsageError,
@@ -42,59 +41,37 @@ from ckptxform.errors import (
 )
 
 from ...fileio import hash_range
-from ...tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher
-from ..plan.layout import OutputLayout, TensorPlacement
+from ...tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher, update_size
+from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
+from .kernel_copy import KernelCopier, truncated
 from ...errors import io_error
 
-#: hash threads; each tensor is hashed on one of them, in order, so two tensors hash at
-#: once: BLAKE3 outruns the kernel copy on one, sha256 (~1.2 GB/s a core) needs both cores
-_HASH_THREADS = 2
+#: hash threads; each tensor is hashed on one of them, in order, so a tensor per core hashes
+#: at once (at least two: BLAKE3 outruns the kernel copy on one, sha256 at ~1.2 GB/s a core
+#: does not); a tensor of PARALLEL_MIN bytes or more is hashed on every core besides
+_HASH_THREADS = max(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2)
 #: a tensor's bytes are hashed once this many more are in the file (and when it is finished)
 _HASH_WINDOW = 16 << 20
 #: bytes copied in the kernel at once: each piece is hashed while the next one copies
 #: (so a shard's last hash ends ~3 ms after its last copy), and another thread's write to
 #: the same file waits at most one piece
 _COPY_PIECE = 16 << 20
-#: bytes copied at once where the kernel cannot copy
-_COPY_BLOCK = 8 << 20
 #: writes at least this big start their writeback at once (when OUT is fsynced)
 _WRITEBACK_MIN = 1 << 20
 
 
-def _hash_written(hasher: Hasher, fd: int, offset: int, length: int) -> None:
+def _hash_written(hasher: Hasher, fd: int, offset: int, length: int, block: int | None) -> None:
     """Feed bytes ``offset:offset+length`` of output file ``fd`` to ``hasher``, read back
-    where the write or copy just put them (from the page cache) through a 1 MiB buffer, on
+    where the write or copy just put them (from the page cache) through a buffer of
+    ``block`` bytes (1 MiB, 4 MiB for a hasher on every core: tensor_digest), on
     a hash thread: the copy runs on another core meanwhile. Never through a
     mapping: an output file cut short under the run would be SIGBUS, not an error."""
-    if hash_range(hasher, fd, offset, length) < length:
+    if hash_range(hasher, fd, offset, length, block) < length:
         raise OSError(errno.EIO, "the file is shorter than what was written to it")
 
 
-def _truncated(path: Path, offset: int) -> CheckpointFormatError:
-    return CheckpointFormatError(f"source file {str(path)!r} ended at byte {offset}, inside a tensor its "
-                                 "header lists; was it truncated or rewritten during the run?")
-
-
-def _copy_range(src: int, src_offset: int, dst: int, dst_offset: int, length: int, src_path: Path) -> None:
-    """Copy bytes between files in the kernel; plain reads and writes where it cannot
-    (another filesystem, an old kernel, or no copy_file_range at all: macOS)."""
-    kernel_copy = getattr(os, "copy_file_range", None)
-    while length:
-        n = 0
-        if kernel_copy is not None:
-            try:
-                n = kernel_copy(src, dst, length, src_offset, dst_offset)
-            except OSError as err:
-                if err.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-        if n == 0:  # not supported here (or EOF): copy the rest through a buffer
-            block = os.pread(src, min(length, _COPY_BLOCK), src_offset)
-            if not block:
-                raise _truncated(src_path, src_offset)
-            n = os.pwrite(dst, block, dst_offset)
-        src_offset += n
-        dst_offset += n
-        length -= n
+#: a cloned range: (output offset, source file, source offset, length)
+Clone = tuple[int, Path, int, int]
 
 
 def _size(place: TensorPlacement) -> str:
@@ -131,19 +108,24 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
 
 
 class _TensorState:
-    __slots__ = ("digest", "finished", "hashed", "hasher", "hashes", "lane", "placed", "placement", "written")
+    __slots__ = ("block", "clones", "digest", "finished", "hashed", "hasher", "hashes", "lane", "placed", "placement",
+                 "written")
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
         self.placement = placement
         #: bytes given to ``write``/``copy_runs`` so far; of those, in the file; of those, hashed
         self.written = self.placed = self.hashed = 0
-        self.hasher = new_hasher(algorithm)
+        self.hasher = new_hasher(algorithm, placement.nbytes)
+        #: bytes read back and hashed at once
+        self.block = update_size(algorithm, placement.nbytes)
         self.finished = False
         self.digest = ""
         #: the hash thread this tensor's bytes are hashed on (in order), once it has one
         self.lane: int | None = None
         #: its hash jobs on that thread, in order
         self.hashes: list[Future[None]] = []
+        #: the cloned ranges placed but not hashed yet
+        self.clones: list[Clone] = []
 
 
 class WriteTarget(Protocol):
@@ -197,9 +179,10 @@ class ShardWriter:
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
     is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS).
 
-    Every byte is hashed from the output file, read back where it landed: a tensor's bytes
-    a window at a time as they arrive, on one of two hash threads (the hashers release the
-    GIL), while the next bytes move. So the digest is of what the file holds, nothing waits
+    Every byte is hashed from the output file, read back where it landed (a cloned range:
+    from its source, see ``_hash_range``): a tensor's bytes a window at a time as they
+    arrive, on one of the hash threads (one a core; the hashers release the GIL), while the
+    next bytes move. So the digest is of what the file holds, nothing waits
     for a hash before ``close``, and a caller may refill its buffer as soon as ``write``
     returns. Writes into one file are serialised (a copy a piece at a time).
     """
@@ -220,6 +203,13 @@ class ShardWriter:
         self._closed = False
         self._lock = threading.Lock()
         self.bytes_written = 0
+        #: clones where the filesystem shares extents (engine/run/kernel_copy.py)
+        self._copier = KernelCopier()
+
+    @property
+    def bytes_cloned(self) -> int:
+        """Of ``bytes_written``, those cloned from a source file, not copied."""
+        return self._copier.cloned
 
     def __enter__(self) -> ShardWriter:
         # Without this a file-size limit (ulimit -f) kills the process with SIGXFSZ;
@@ -270,7 +260,7 @@ class ShardWriter:
     def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
         """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
         ``src`` in turn, copied inside the kernel (``copy_file_range``: no trip through
-        Python memory, as ``cp`` does); runs of at most _COPY_PIECE bytes together are one
+        Python memory, as ``cp`` does), or cloned where the filesystem can; runs of at most _COPY_PIECE bytes together are one
         piece (the many short runs of a row gather cost a system call each, no more)."""
         runs = [(offset + done, min(_COPY_PIECE, length - done))  # a long run is several pieces
                 for offset, length in runs for done in range(0, length, _COPY_PIECE)]
@@ -285,15 +275,18 @@ class ShardWriter:
             size += run[1]
             if i + 1 < len(runs) and size + runs[i + 1][1] <= _COPY_PIECE:
                 continue
+            clones: list[Clone] = []
             try:
                 with self._file_locks[file]:
                     at = dst_offset
                     for offset, length in piece:
-                        _copy_range(src_fd, offset, dst_fd, at, length, src)
+                        if cloned := self._copier.copy(src_fd, offset, dst_fd, at, length, src):
+                            head = -at % CLONE_BLOCK
+                            clones.append((at + head, src, offset + head, cloned))
                         at += length
             except OSError as err:
                 raise self._error(file, err) from None
-            self._placed(state, dst_offset, size)
+            self._placed(state, dst_offset, size, clones)
             dst_offset += size
             piece, size = [], 0
 
@@ -363,10 +356,11 @@ class ShardWriter:
             self.bytes_written += size
             return state, offset
 
-    def _placed(self, state: _TensorState, offset: int, size: int) -> None:
-        """``size`` bytes of ``state``'s tensor are in the file at ``offset``."""
+    def _placed(self, state: _TensorState, offset: int, size: int, clones: Sequence[Clone] = ()) -> None:
+        """``size`` bytes of ``state``'s tensor are in the file at ``offset`` (``clones`` of them cloned)."""
         with self._lock:
             state.placed += size
+            state.clones.extend(clones)
             if state.placed - state.hashed >= _HASH_WINDOW:
                 self._hash_placed(state)
         self._start_writeback(self._fds[state.placement.file], offset, size)
@@ -382,14 +376,28 @@ class ShardWriter:
             state.lane = min(range(len(self._lanes)), key=self._backlog.__getitem__)
             self._backlog[state.lane] += place.nbytes
         lane = state.lane
-        state.hashes.append(self._lanes[lane].submit(self._hash_range, lane, state.hasher, place.file,
-                                                     place.offset + state.hashed, size))
+        state.hashes.append(self._lanes[lane].submit(self._hash_range, lane, state, place.offset + state.hashed,
+                                                     size, state.clones))
         state.hashed = state.placed
+        state.clones = []
 
-    def _hash_range(self, lane: int, hasher: Hasher, file: str, offset: int, length: int) -> None:
-        """A hash job, on hash thread ``lane``."""
+    def _hash_range(self, lane: int, state: _TensorState, offset: int, length: int, clones: list[Clone]) -> None:
+        """A hash job, on hash thread ``lane``: bytes ``offset:offset+length`` of output
+        ``file``, the cloned ranges among them read from their source. A clone's blocks are
+        the source's (the filesystem flushed and shared them), the source's page cache is
+        where they are likely cached (a fresh clone's never is: read back, it costs a disk
+        read, 7 s a GB on this vm's loop XFS against 0.8-1 s from the source's cache), and
+        a source written to after its clone fails the run at its pin check (job.py)."""
+        file, hasher, block = state.placement.file, state.hasher, state.block
+        fd = self._fds[file]
         try:
-            _hash_written(hasher, self._fds[file], offset, length)
+            for at, src, src_offset, size in clones:
+                _hash_written(hasher, fd, offset, at - offset, block)
+                if hash_range(hasher, self._src_fds[src], src_offset, size, block) < size:
+                    raise truncated(src, src_offset)
+                length -= at + size - offset
+                offset = at + size
+            _hash_written(hasher, fd, offset, length, block)
         except OSError as err:
             raise io_error("reading back", self.out.out / file, err) from None
         finally:
