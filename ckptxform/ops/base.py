@@ -7,6 +7,12 @@ shape rule, its inverse and its audit wording. Its program is part of it too: a 
 op rewrites a ``View`` (which byte runs of which inputs make the tensor), so the executor
 streams byte runs and never decodes; a block op returns a ``Block``, whose ``blocks``
 decode a bounded slice of the inputs at a time.
+
+The contract between the links of a chain is declared, and the planner checks it before
+each op's shape rule runs (so a chain that plans also applies): ``accepts`` says what each
+input may be (rank, dtype), and a block op's ``row_sliced`` says whether a later op may
+read its output by rows (as every layout op and block op does: a block op's output is
+one more input to them, decoded a block of rows at a time).
 """
 
 from __future__ import annotations
@@ -65,6 +71,11 @@ class View:
     def nbytes(self) -> int:
         return prod(self.shape) * self.itemsize
 
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one index of dim 0 (of a tensor with no rows too)."""
+        return prod(self.shape[1:]) * self.itemsize
+
     @cached_property
     def _starts(self) -> list[int]:
         starts, pos = [], 0
@@ -89,7 +100,7 @@ class View:
 
     def rows(self, order: Sequence[int], shape: tuple[int, ...] | None = None) -> View:
         """Row ``j`` of the result is row ``order[j]`` of this tensor (any row permutation)."""
-        width = self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+        width = self.row_nbytes if self.shape else 0
         return View(shape or (len(order), *self.shape[1:]), self.dtype,
                     join_runs(self.slice(r * width, width) for r in order))
 
@@ -119,6 +130,27 @@ class Block:
 
 
 Value = View | Block
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """What an op takes as each input: a rank in ``[min_rank, max_rank]`` and one of
+    ``dtypes`` (None: any)."""
+
+    min_rank: int = 0
+    max_rank: int | None = None
+    dtypes: frozenset[str] | None = None
+
+    def problem(self, value: View) -> str | None:
+        """Why ``value`` cannot be an input, or None."""
+        rank = len(value.shape)
+        if rank < self.min_rank or (self.max_rank is not None and rank > self.max_rank):
+            want = (f"{self.min_rank}" if self.max_rank == self.min_rank else
+                    f"at least {self.min_rank}" if self.max_rank is None else f"{self.min_rank} to {self.max_rank}")
+            return f"takes tensors of rank {want}, and this one has shape {list(value.shape)}"
+        if self.dtypes is not None and value.dtype not in self.dtypes:
+            return f"takes {', '.join(sorted(self.dtypes))} tensors, and this one is {value.dtype}"
+        return None
 
 
 class Context(ABC):
@@ -196,6 +228,8 @@ class OpDef(ABC):
     #: JSON Schema of the verb's argument
     schema: ClassVar[dict[str, Any]]
     description: ClassVar[str]
+    #: what each input may be; checked by the planner before the shape rule runs
+    accepts: ClassVar[Accepts] = Accepts()
 
     def variable(self, args: Any) -> str | None:
         """The template variable a reduce op reduces (``over``) or a split op makes (``into``)."""
@@ -231,6 +265,10 @@ class OpDef(ABC):
 
 class BlockOp(OpDef):
     """An op whose output is made a bounded block at a time (values moved or decoded)."""
+
+    #: ``blocks`` makes any range of dim-0 indices, so a later op may read the output by
+    #: rows; a chain reading one that cannot is refused at plan time
+    row_sliced: ClassVar[bool] = True
 
     @abstractmethod
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,

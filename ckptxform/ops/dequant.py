@@ -102,23 +102,25 @@ class DequantFp8Block(_Dequant):
         return Block(self, {"block": config.block, "dtype": self._out_dtype(args), **_finite_args(args, ctx, wkey)},
                      (weight, scale), (rows, cols), self._out_dtype(args))
 
-    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes | memoryview]:
         weight, scale = inputs
-        rows, cols = block.shape
+        total, cols = block.shape
         bh, bw = block.args["block"]
         layout = Fp8Block(cols=cols, block_rows=bh, block_cols=bw)
         out_dtype = block.args["dtype"]
         step = bh * max(1, chunk_bytes // max(1, bh * cols * DTYPE_SIZES[out_dtype]))
         scale_row = layout.scale_cols * 4
+        first, stop = _aligned(rows, total, bh)
 
         def tasks() -> Iterator[Callable[[], memoryview]]:
-            for first in range(0, rows, step):
-                count = min(step, rows - first)
-                w = weight.read(first * cols, count * cols)
-                s = scale.read(first // bh * scale_row, layout.scale_rows(count) * scale_row)
-                yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), first,
+            for start in range(first, stop, step):
+                count = min(step, stop - start)
+                w = weight.read(start * cols, count * cols)
+                s = scale.read(start // bh * scale_row, layout.scale_rows(count) * scale_row)
+                yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), start,
                                scale=s, scale_dtype="F32", largest_code=448.0, e4m3_codes=w)
-        return in_order(tasks())
+        return _trimmed(in_order(tasks()), rows, first, cols * DTYPE_SIZES[out_dtype])
 
 
 class DequantInt4(_Dequant):
@@ -188,28 +190,50 @@ class DequantInt4(_Dequant):
         return Block(self, {"group": group, "dtype": out, "shape_key": ctx.key("weight_shape"), "label": ctx.label,
                             **_finite_args(args, ctx, ctx.key("weight_packed"))}, tuple(inputs), (rows, cols), out)
 
-    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int) -> Iterator[bytes]:
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes | memoryview]:
         packed, scale, shape = inputs[:3]
         zero_point = inputs[3] if len(inputs) > 3 else None
-        rows, cols = block.shape
-        _check_shape(shape, (rows, cols), block.args["shape_key"], block.args["label"])
+        total, cols = block.shape
+        _check_shape(shape, (total, cols), block.args["shape_key"], block.args["label"])
         layout = Int4Groups(cols=cols, group_size=block.args["group"], scale_dtype=scale.view.dtype)
         out_dtype = block.args["dtype"]
         step = 8 * max(1, chunk_bytes // max(1, 8 * cols * DTYPE_SIZES[out_dtype]))
         packed_row, scale_row = layout.words * 4, layout.groups * DTYPE_SIZES[layout.scale_dtype]
         zp_row = layout.groups * 4
+        first, stop = _aligned(rows, total, 8)  # the zero point packs 8 rows per word
 
         def tasks() -> Iterator[Callable[[], memoryview]]:
-            for first in range(0, rows, step):
-                count = min(step, rows - first)
+            for start in range(first, stop, step):
+                count = min(step, stop - start)
                 zp = None
                 if zero_point is not None:
-                    zp = zero_point.read(first // 8 * zp_row, layout.zero_point_rows(count) * zp_row)
-                s = scale.read(first * scale_row, count * scale_row)
-                yield _checked(block, partial(dequant_int4_rows, packed.read(first * packed_row, count * packed_row),
-                                              s, layout, zero_point=zp, out_dtype=out_dtype), first,
+                    zp = zero_point.read(start // 8 * zp_row, layout.zero_point_rows(count) * zp_row)
+                s = scale.read(start * scale_row, count * scale_row)
+                yield _checked(block, partial(dequant_int4_rows, packed.read(start * packed_row, count * packed_row),
+                                              s, layout, zero_point=zp, out_dtype=out_dtype), start,
                                scale=s, scale_dtype=layout.scale_dtype, largest_code=15.0)
-        return in_order(tasks())
+        return _trimmed(in_order(tasks()), rows, first, cols * DTYPE_SIZES[out_dtype])
+
+
+def _aligned(rows: range | None, total: int, align: int) -> tuple[int, int]:
+    """The rows to decode for output rows ``rows`` (all when None): from the block
+    boundary at or before the first (a kernel starts at one) to the last."""
+    if rows is None:
+        return 0, total
+    return rows.start // align * align, min(rows.stop, total)
+
+
+def _trimmed(pieces: Iterator[memoryview], rows: range | None, first: int,
+             row_bytes: int) -> Iterator[memoryview]:
+    """``pieces`` (rows from ``first`` on) without the rows before ``rows.start``."""
+    skip = (rows.start - first) * row_bytes if rows is not None else 0
+    for piece in pieces:
+        if skip:
+            cut = min(skip, len(piece))
+            piece, skip = piece[cut:], skip - cut
+        if len(piece):
+            yield piece
 
 
 def _finite_args(args: Any, ctx: Context, key: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Context, IndexNames, NoInverse, OpDef, Value, View, join_runs, outer_inner
+from .base import Accepts, Context, IndexNames, NoInverse, OpDef, Value, View, join_runs, outer_inner
 
 _EXPR = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
 _VAR = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
@@ -69,6 +69,7 @@ class Unstack(OpDef):
     verb = "unstack"
     kind = "split"
     description = "Dim 0 into one tensor per index (never squeezes other size-1 dims)."
+    accepts = Accepts(min_rank=1)
     schema = _counted("into")
 
     def split(self, args: Any, ctx: Context, value: View, names: tuple[str, ...] | None) -> list[tuple[str, Value]]:
@@ -83,7 +84,7 @@ class Unstack(OpDef):
             # a header's dim 0 alone would make that many outputs, each of no bytes
             raise ctx.error(f"unstack: dim 0 of the tensor (shape {list(value.shape)}) is {count:,} but it holds "
                             "no bytes: there is nothing to unstack")
-        per = value.nbytes // count if count else 0
+        per = value.row_nbytes
         return [(str(i), View(value.shape[1:], value.dtype, tuple(value.slice(i * per, per))))
                 for i in range(count)]
 
@@ -103,6 +104,7 @@ def concat_views(views: list[View], dim: int, dtype: str) -> View:
 class Concat(OpDef):
     verb = "concat"
     kind = "reduce"
+    accepts = Accepts(min_rank=1)
     description = ("Along dim, in the enumeration's listed order; sizes (optional: a list, or 'equal') "
                    "are checked, and let `ckptxform invert` write the split back.")
     schema = {"type": "object", "additionalProperties": False, "required": ["over", "dim"],
@@ -142,6 +144,7 @@ class Concat(OpDef):
 class Split(OpDef):
     verb = "split"
     kind = "split"
+    accepts = Accepts(min_rank=1)
     description = "Along dim by sizes (equal parts, one per enumeration value, when omitted)."
     schema = {"type": "object", "additionalProperties": False, "required": ["into", "dim"],
               "properties": {"into": _VAR, "dim": _DIM, "sizes": {"type": "array", "items": _EXPR, "minItems": 1}}}
@@ -201,6 +204,7 @@ class _RowOrder(OpDef):
     """A row permutation with a named inverse (a byte program: rows are runs)."""
 
     inverse_verb: str
+    accepts = Accepts(min_rank=1)
 
     def inverse(self, args: Any) -> tuple[str, Any]:
         return self.inverse_verb, args

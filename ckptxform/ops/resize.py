@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..dtypes import decodable, is_float
-from .base import Block, BlockOp, Context, InputTensor, NoInverse, Run, Value, View, join_runs
+from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Run, Value, View, join_runs
 from .layout import _EXPR
 
 
@@ -23,13 +23,13 @@ class ResizeRows(BlockOp):
     schema = {"type": "object", "additionalProperties": False, "required": ["rows"],
               "properties": {"rows": _EXPR, "fill": {"enum": ["zeros", "mean", "normal"]},
                              "std": {"type": "number", "exclusiveMinimum": 0}, "seed": {"type": "integer"}}}
+    accepts = Accepts(min_rank=1)
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:
         rows = ctx.integer(args["rows"], "resize_rows.rows")
         if not value.shape or rows < 0:
             raise ctx.error(f"resize_rows: cannot give a tensor of shape {list(value.shape)} {rows} rows")
-        have = value.shape[0]
-        width = value.nbytes // have if have else 0
+        have, width = value.shape[0], value.row_nbytes
         shape = (rows, *value.shape[1:])
         fill = args.get("fill", "zeros")
         if fill == "zeros" or rows <= have:
@@ -59,7 +59,7 @@ class ResizeRows(BlockOp):
         from .decode import tensor_bytes
 
         (source,) = inputs
-        have, width = source.view.shape[0], source.view.nbytes // source.view.shape[0]
+        have, width = source.view.shape[0], source.view.row_nbytes
         row_shape, dtype = source.view.shape[1:], torch_dtype(block.dtype)
         wanted = rows if rows is not None else range(block.shape[0])
         step = max(1, chunk_bytes // max(1, width))

@@ -19,7 +19,7 @@ from math import prod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .base import Block, BlockOp, Context, InputTensor, Value, View
+from .base import Accepts, Block, BlockOp, Context, InputTensor, Value, View
 
 _UINT = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 #: rows of a tile transposed at once (a band that fits the cache: 3x faster than one copy)
@@ -31,6 +31,7 @@ class Transpose(BlockOp):
     verb = "transpose"
     description = "Swap two dims ([in, out] Conv1D -> [out, in] Linear): [D0, D1]."
     schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}
+    accepts = Accepts(min_rank=2)
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:
         rank = len(value.shape)

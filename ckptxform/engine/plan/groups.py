@@ -87,35 +87,45 @@ class _Chain:
         self.rule, self.key, self.refs = rule, key, refs
         self.space: list[TensorInfo | Block] = list(members)
 
-    def view(self, value: Value) -> View:
-        if isinstance(value, View):
-            return value
-        self.space.append(value)
-        return View(value.shape, value.dtype, (Run(len(self.space) - 1, 0, prod(value.shape) * DTYPE_SIZES[value.dtype]),))
+    def view(self, value: Value, step: Step, ctx: _StepContext, member: str | None = None) -> View:
+        """``value`` as an input of ``step``, refused when the op's contract does not take it."""
+        if isinstance(value, Block):
+            if not value.op.row_sliced:
+                raise ctx.error(f"{step.verb} reads its input by rows, and the output of {value.op.verb} "
+                                f"cannot be made a range of rows at a time; {value.op.verb} must be the "
+                                "last op of the chain")
+            self.space.append(value)
+            value = View(value.shape, value.dtype, (Run(len(self.space) - 1, 0, prod(value.shape) * DTYPE_SIZES[value.dtype]),))
+        problem = step.op.accepts.problem(value)
+        if problem is not None:
+            raise ctx.error(f"{step.verb} {problem}" + (f" ({ctx.key(member)!r})" if member is not None else ""))
+        return value
 
     def apply(self, step: Step, items: list[tuple[Binding, Value]], label: str) -> list[tuple[Binding, Value]]:
         op, var = step.op, step.variable
         out: list[tuple[Binding, Value]] = []
         if op.kind == "map":
             for binding, value in items:
-                out.append((binding, op.map(step.args, _StepContext(self.refs, label, binding), self.view(value))))
+                ctx = _StepContext(self.refs, label, binding)
+                out.append((binding, op.map(step.args, ctx, self.view(value, step, ctx))))
             return out
         if op.kind == "split":
             names = next((t.variables[var].values for t in self.rule.to if var in t.variables), None) if var else None
             for binding, value in items:
                 ctx = _StepContext(self.refs, label, binding)
-                for name, part in op.split(step.args, ctx, self.view(value), names):
+                for name, part in op.split(step.args, ctx, self.view(value, step, ctx), names):
                     out.append((tuple(sorted((*binding, (var or "", name)))), part))
             return out
         assert var is not None
-        groups: dict[Binding, list[tuple[str, View]]] = {}
+        groups: dict[Binding, list[tuple[str, Value]]] = {}
         for binding, value in items:
             bound = dict(binding)
             member = bound.pop(var)
-            groups.setdefault(tuple(sorted(bound.items())), []).append((member, self.view(value)))
-        for rest, group in sorted(groups.items()):
+            groups.setdefault(tuple(sorted(bound.items())), []).append((member, value))
+        for rest, values in sorted(groups.items()):
             ctx = _StepContext(self.refs, label, rest,
                                lambda v, rest=rest: _member_key(self.key, dict(rest), var, v))
+            group = [(m, self.view(value, step, ctx, m)) for m, value in values]
             present = {m for m, _ in group}
             if op.partial_groups and var in self.key.variables:
                 order = [m for m in self.key.variables[var].values if m in present]

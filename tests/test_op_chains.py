@@ -1,0 +1,437 @@
+"""The op contract, checked: random chains of every op after every other op, on random small
+shapes and dtypes (hypothesis, derandomized, a bounded budget).
+
+For each chain the test evaluates the same chain whole in torch, with each op written here
+from its semantics in the design notes (structural-ops.md), not by calling ckptxform. The
+reference also says when a chain is meaningless (a transpose of a vector, heads that do not
+divide the rows, a mean of integers, a scale the block size does not explain...). Then:
+
+- a chain the reference can evaluate plans, applies, and its output is bit for bit the
+  reference's (keys, shapes, dtypes, bytes);
+- any other chain fails at plan time with a PlanError naming the op (its verb and the
+  rule's FILE:LINE), never at apply and never with an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from ckptxform import api
+from ckptxform.errors import PlanError
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
+Binding = tuple[tuple[str, str], ...]
+
+
+class Invalid(Exception):
+    """The chain has no meaning on these tensors: the planner must refuse it."""
+
+
+# ------------------------------------------------------------------ the reference, op by op
+
+
+def ref_transpose(t: torch.Tensor, d0: int, d1: int) -> torch.Tensor:
+    rank = t.dim()
+    if rank < 2 or not (-rank <= d0 < rank and -rank <= d1 < rank) or d0 % rank == d1 % rank:
+        raise Invalid("transpose needs two different dims")
+    return t.transpose(d0, d1).contiguous()
+
+
+def _rows(t: torch.Tensor) -> int:
+    if t.dim() < 1:
+        raise Invalid("a scalar has no rows")
+    return t.shape[0]
+
+
+def ref_rope(t: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
+    """w.view(n, hd//2, 2, in).transpose(1, 2); the inverse views (n, 2, hd//2, in)."""
+    rows = _rows(t)
+    if heads <= 0 or rows % heads or (rows // heads) % 2:
+        raise Invalid("heads do not make an even head size")
+    rest, half = t.shape[1:], rows // heads // 2
+    shape = (heads, 2, half) if inverse else (heads, half, 2)
+    return t.reshape(*shape, *rest).transpose(1, 2).reshape(rows, *rest).contiguous()
+
+
+def ref_qkv(t: torch.Tensor, heads: int, kv: int, inverse: bool) -> torch.Tensor:
+    """Per kv group g: [its heads/kv q heads; k_g; v_g] (Megatron's linear_qkv)."""
+    rows = _rows(t)
+    if kv <= 0 or heads % kv or rows % (heads + 2 * kv):
+        raise Invalid("not q, k and v of these heads")
+    rest, hd, per = t.shape[1:], rows // (heads + 2 * kv), heads // kv
+    if not inverse:
+        q = t[:heads * hd].reshape(kv, per * hd, *rest)
+        k = t[heads * hd:(heads + kv) * hd].reshape(kv, hd, *rest)
+        v = t[(heads + kv) * hd:].reshape(kv, hd, *rest)
+        return torch.cat([q, k, v], dim=1).reshape(rows, *rest).contiguous()
+    g = t.reshape(kv, (per + 2) * hd, *rest)
+    parts = [g[:, :per * hd], g[:, per * hd:(per + 1) * hd], g[:, (per + 1) * hd:]]
+    return torch.cat([p.reshape(-1, *rest) for p in parts]).contiguous()
+
+
+def ref_resize(t: torch.Tensor, rows: int, fill: str, std: float, seed: int) -> torch.Tensor:
+    have = _rows(t)
+    if rows <= have:
+        return t[:rows].contiguous()
+    rest, new = t.shape[1:], rows - have
+    if fill == "zeros":
+        extra = torch.zeros((new, *rest), dtype=t.dtype)
+    elif not t.dtype.is_floating_point or (fill == "mean" and have == 0):
+        raise Invalid(f"fill {fill} of {t.dtype} / no rows")
+    elif fill == "mean":  # summed in float64
+        extra = (t.to(torch.float64).sum(0) / have).to(t.dtype).expand(new, *rest)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        extra = (torch.randn((new, *rest), generator=gen, dtype=torch.float32) * std).to(t.dtype)
+    return torch.cat([t, extra]).contiguous()
+
+
+def ref_stack(members: list[torch.Tensor]) -> torch.Tensor:
+    if len({(m.shape, m.dtype) for m in members}) > 1:
+        raise Invalid("stack of different shapes or dtypes")
+    return torch.stack(members)
+
+
+def ref_concat(members: list[torch.Tensor], dim: int) -> torch.Tensor:
+    first = members[0]
+    rank = first.dim()
+    if rank < 1 or not -rank <= dim < rank or len({m.dtype for m in members}) > 1:
+        raise Invalid("concat: no such dim, or dtypes differ")
+    d = dim % rank
+    if any(m.dim() != rank or m.shape[:d] + m.shape[d + 1:] != first.shape[:d] + first.shape[d + 1:]
+           for m in members):
+        raise Invalid("concat: shapes differ outside dim")
+    return torch.cat(members, d)
+
+
+def ref_split(t: torch.Tensor, dim: int, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+    rank = t.dim()
+    if rank < 1 or not -rank <= dim < rank or t.shape[dim] % len(names):
+        raise Invalid("split: no such dim, or not equal parts")
+    return [(n, p.contiguous()) for n, p in zip(names, torch.tensor_split(t, len(names), dim))]
+
+
+def fp8_dequant(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """DeepSeek's weight_dequant, block by block: float32 product, then bfloat16."""
+    bh, bw = block
+    out = torch.empty(w.shape, dtype=torch.bfloat16)
+    for bi in range(math.ceil(w.shape[0] / bh)):
+        for bj in range(math.ceil(w.shape[1] / bw)):
+            rows, cols = slice(bi * bh, (bi + 1) * bh), slice(bj * bw, (bj + 1) * bw)
+            out[rows, cols] = (w[rows, cols].to(torch.float32) * s[bi, bj].item()).to(torch.bfloat16)
+    return out
+
+
+def ref_dequant(members: dict[str, torch.Tensor], block: tuple[int, int]) -> torch.Tensor:
+    w, s = members.get("weight"), members.get("weight_scale_inv")
+    if w is None or s is None or w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.dtype != torch.float32:
+        raise Invalid("dequant: not an FP8 weight with its float32 scale")
+    if tuple(s.shape) != (-(-w.shape[0] // block[0]), -(-w.shape[1] // block[1])):
+        raise Invalid("dequant: the block size does not explain the scale")
+    return fp8_dequant(w, s, block)
+
+
+# ------------------------------------------------------------------ chains
+
+
+@dataclass
+class Case:
+    tensors: dict[str, torch.Tensor]
+    key: str
+    block: tuple[int, int] | None
+    ops: list[dict[str, Any]] = field(default_factory=list)
+    #: the chain's reference output (key -> tensor), None once the chain is meaningless
+    items: dict[Binding, torch.Tensor] | None = None
+    free: list[str] = field(default_factory=list)
+    #: how the template variable each split made names its parts (None: 0, 1, ...)
+    split_names: dict[str, list[str] | None] = field(default_factory=dict)
+
+    def to(self) -> str:
+        parts = []
+        for var in self.free:
+            names = self.split_names.get(var)
+            parts.append("{" + var + (":" + ",".join(names) if names else "") + "}")
+        return ".".join(["y", *parts, "w"])
+
+    def expected(self) -> dict[str, torch.Tensor]:
+        assert self.items is not None
+        out = {}
+        for binding, value in self.items.items():
+            names = dict(binding)
+            out[".".join(["y", *(names[v] for v in self.free), "w"])] = value
+        return out
+
+
+def _order(var: str, present: list[str], case: Case) -> list[str]:
+    names = case.split_names.get(var)
+    if var == "T":
+        return [m for m in ("weight", "weight_scale_inv") if m in present]
+    if names:
+        return [m for m in names if m in present]
+    return sorted(present, key=int)
+
+
+def _reduce(case: Case, var: str, combine: Callable[[list[torch.Tensor], list[str]], torch.Tensor]) -> None:
+    assert case.items is not None
+    groups: dict[Binding, dict[str, torch.Tensor]] = {}
+    for binding, value in case.items.items():
+        bound = dict(binding)
+        member = bound.pop(var)
+        groups.setdefault(tuple(sorted(bound.items())), {})[member] = value
+    out = {}
+    for rest, members in groups.items():
+        order = _order(var, list(members), case)
+        out[rest] = combine([members[m] for m in order], order)
+    case.items = out
+
+
+def _map(case: Case, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    assert case.items is not None
+    case.items = {b: fn(v) for b, v in case.items.items()}
+
+
+def _split(case: Case, var: str, fn: Callable[[torch.Tensor], list[tuple[str, torch.Tensor]]]) -> None:
+    assert case.items is not None
+    case.items = {tuple(sorted((*b, (var, name)))): part for b, v in case.items.items() for name, part in fn(v)}
+
+
+@st.composite
+def cases(draw: Any) -> Case:
+    seed = draw(st.integers(0, 2 ** 16))
+    gen = torch.Generator().manual_seed(seed)
+    experts = draw(st.integers(1, 3))
+    fp8 = draw(st.booleans())
+    tensors: dict[str, torch.Tensor] = {}
+    if fp8:
+        rows, cols = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+        block = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
+        srows, scols = -(-rows // block[0]), -(-cols // block[1])
+        for e in range(experts):
+            w = (torch.randn(rows, cols, generator=gen) * 4).to(torch.float8_e4m3fn)
+            tensors[f"x.{e}.weight"] = w
+            tensors[f"x.{e}.weight_scale_inv"] = torch.rand(srows, scols, generator=gen) + 0.25
+        case = Case(tensors, "x.{E}.{T:weight,weight_scale_inv}", block, free=["E", "T"])
+    else:
+        shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
+        dtype = DTYPES[draw(st.sampled_from(sorted(DTYPES)))]
+        for e in range(experts):
+            values = torch.randn(shape, generator=gen) * 8
+            tensors[f"x.{e}.w"] = values.to(dtype)
+        case = Case(tensors, "x.{E}.w", None, free=["E"])
+    case.items = {}
+    for key, value in tensors.items():
+        parts = key.split(".")
+        binding = [("E", parts[1])] + ([("T", parts[2])] if fp8 else [])
+        case.items[tuple(sorted(binding))] = value
+    for _ in range(draw(st.integers(1, 4))):
+        _draw_op(draw, case)
+    if "T" in case.free:  # the FP8 members are consumed by a dequant, at the end if not before
+        _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
+            case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), case.block or (1, 1))))
+        case.free.remove("T")
+    return case
+
+
+def _apply(case: Case, op: dict[str, Any], reference: Callable[[], None]) -> None:
+    case.ops.append(op)
+    if case.items is None:
+        return
+    try:
+        reference()
+    except Invalid:
+        case.items = None
+
+
+def _shape(case: Case) -> tuple[int, ...]:
+    if case.items:
+        return tuple(next(iter(case.items.values())).shape)
+    return (4, 4)
+
+
+def _draw_op(draw: Any, case: Case) -> None:
+    """One op the variables allow, with arguments that mostly fit the current shape."""
+    shape = _shape(case)
+    rank, rows = len(shape), (shape[0] if shape else 0)
+    wild = draw(st.integers(0, 9)) == 0
+    choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows"]
+    reducible = [v for v in case.free if v != "T"]
+    choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat")]
+    if "T" in case.free:
+        choices.append("dequant_fp8_block T")
+    if "P" not in case.split_names:
+        choices += ["unstack", "split"]
+    choice = draw(st.sampled_from(choices))
+    verb, _, var = choice.partition(" ")
+
+    def dim() -> int:
+        return draw(st.integers(-3, 3)) if wild or rank == 0 else draw(st.integers(-rank, rank - 1))
+
+    if verb in ("stack", "concat") and case.split_names.get(var):
+        case.items = None  # a split names its parts by the enumeration in 'to', which P then leaves
+    if verb == "transpose":
+        d0, d1 = dim(), dim()
+        _apply(case, {"transpose": [d0, d1]}, lambda: _map(case, lambda t: ref_transpose(t, d0, d1)))
+    elif verb.startswith("rope"):
+        fits = [h for h in range(1, rows + 1) if rows % h == 0 and (rows // h) % 2 == 0]
+        heads = draw(st.sampled_from(fits)) if fits and not wild else draw(st.integers(1, 4))
+        inverse = verb == "rope_unpermute"
+        _apply(case, {verb: {"heads": heads}}, lambda: _map(case, lambda t: ref_rope(t, heads, inverse)))
+    elif verb.startswith("qkv"):
+        fits = [(h, k) for k in range(1, 4) for h in range(k, 7, k) if rows % (h + 2 * k) == 0]
+        heads, kv = (draw(st.sampled_from(fits)) if fits and not wild
+                     else (draw(st.integers(1, 4)), draw(st.integers(1, 2))))
+        inverse = verb == "qkv_deinterleave"
+        _apply(case, {verb: {"heads": heads, "kv_heads": kv}},
+               lambda: _map(case, lambda t: ref_qkv(t, heads, kv, inverse)))
+    elif verb == "resize_rows":
+        new = draw(st.integers(0, 9))
+        fill = draw(st.sampled_from(["zeros", "mean", "normal"]))
+        std, seed = draw(st.sampled_from([0.02, 1.5])), draw(st.integers(0, 5))
+        args: dict[str, Any] = {"rows": new, "fill": fill}
+        if fill == "normal":
+            args.update(std=std, seed=seed)
+        _apply(case, {"resize_rows": args}, lambda: _map(case, lambda t: ref_resize(t, new, fill, std, seed)))
+    elif verb == "stack":
+        case.free.remove(var)
+        _apply(case, {"stack": {"over": var}}, lambda: _reduce(case, var, lambda ms, _: ref_stack(ms)))
+    elif verb == "concat":
+        case.free.remove(var)
+        d = dim()
+        _apply(case, {"concat": {"over": var, "dim": d}}, lambda: _reduce(case, var, lambda ms, _: ref_concat(ms, d)))
+    elif verb == "dequant_fp8_block":
+        case.free.remove("T")
+        _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
+            case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), case.block or (1, 1))))
+    elif verb == "unstack":
+        case.split_names["P"] = None
+        case.free.append("P")
+        _apply(case, {"unstack": {"into": "P"}}, lambda: _split(
+            case, "P", lambda t: [(str(i), t[i].contiguous()) for i in range(_rows(t))]))
+    else:
+        names = ["a", "b", "c"][:draw(st.integers(1, 3))]
+        case.split_names["P"] = names
+        case.free.append("P")
+        d = dim()
+        _apply(case, {"split": {"into": "P", "dim": d}}, lambda: _split(case, "P", lambda t: ref_split(t, d, names)))
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _rule(case: Case) -> str:
+    lines = ["version: 1", "sources: {model: {path: ./src}}", "convert: model", "tensors:",
+             f"  - key: '{case.key}'", f"    to: '{case.to()}'", "    ops:"]
+    lines += [f"      - {json.dumps(op)}" for op in case.ops]
+    return "\n".join(lines) + "\n"
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def run_case(case: Case, root: Path) -> str:
+    """Plan and apply ``case``; what happened (for the statistics)."""
+    src = root / "src"
+    src.mkdir()
+    save_file(case.tensors, str(src / "model.safetensors"))
+    config: dict[str, Any] = {"model_type": "test"}
+    if case.block is not None:
+        config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": list(case.block)}
+    (src / "config.json").write_text(json.dumps(config))
+    rule = root / "rule.yaml"
+    rule.write_text(_rule(case))
+    text = _rule(case)
+    if case.items is None:
+        with pytest.raises(PlanError) as failure:
+            api.apply(rule, out=root / "out", sources={"model": str(src)}, progress=False)
+        message = str(failure.value)
+        at = re.search(r"tensors\[0\]\.ops\[(\d+)\] (\w+) \(" + re.escape(str(rule)) + r":(\d+)\)", message)
+        assert at, f"{message}\n{text}"
+        index, verb, line = int(at[1]), at[2], int(at[3])
+        assert verb == next(iter(case.ops[index])), f"{message}\n{text}"
+        assert verb in text.splitlines()[line - 1], f"{message}\n{text}"
+        assert not (root / "out").exists()
+        return f"refused at {verb}"
+    try:
+        api.apply(rule, out=root / "out", sources={"model": str(src)}, progress=False)
+    except PlanError as err:
+        raise AssertionError(f"a chain the reference evaluates did not plan: {err}\n{text}") from None
+    got: dict[str, torch.Tensor] = {}
+    for file in sorted((root / "out").glob("*.safetensors")):
+        got.update(load_file(str(file)))
+    want = case.expected()
+    assert sorted(got) == sorted(want), text
+    for key, value in want.items():
+        assert (got[key].dtype, tuple(got[key].shape)) == (value.dtype, tuple(value.shape)), f"{key}\n{text}"
+        assert _bits(got[key]) == _bits(value), f"{key}\n{text}"
+    return f"applied, {len(case.ops)} ops"
+
+
+@settings(derandomize=True, max_examples=400, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases())
+def test_a_chain_that_plans_applies_and_equals_the_torch_reference(case: Case) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        event(run_case(case, Path(tmp)))
+
+
+# ------------------------------------------------------------------ the chains of issue 21
+
+
+def _fp8_case(rows: int, cols: int, block: tuple[int, int], ops: list[dict[str, Any]]) -> Case:
+    gen = torch.Generator().manual_seed(rows * 31 + cols)
+    w = (torch.randn(rows, cols, generator=gen) * 4).to(torch.float8_e4m3fn)
+    s = torch.rand(-(-rows // block[0]), -(-cols // block[1]), generator=gen) + 0.25
+    case = Case({"m.0.weight": w, "m.0.weight_scale_inv": s}, "m.{E}.{T:weight,weight_scale_inv}", block,
+                ops=[{"dequant_fp8_block": {"over": "T"}}, *ops], free=["E"])
+    case.items = {(("E", "0"),): fp8_dequant(w, s, block)}
+    return case
+
+
+@pytest.mark.parametrize("rows, cols, block", [(37, 21, (8, 8)), (300, 40, (128, 16)), (16, 16, (16, 16))])
+def test_dequant_then_transpose_is_dequantize_then_transpose_in_torch(tmp_path: Path, rows: int, cols: int,
+                                                                       block: tuple[int, int]) -> None:
+    case = _fp8_case(rows, cols, block, [{"transpose": [0, 1]}])
+    assert case.items is not None
+    case.items = {b: v.t().contiguous() for b, v in case.items.items()}
+    assert run_case(case, tmp_path) == "applied, 2 ops"
+
+
+@pytest.mark.parametrize("rows, heads, block", [(32, 2, (8, 8)), (48, 4, (5, 7)), (256, 1, (128, 128))])
+def test_dequant_then_rope_permute_is_dequantize_then_permute_in_torch(tmp_path: Path, rows: int, heads: int,
+                                                                       block: tuple[int, int]) -> None:
+    case = _fp8_case(rows, 24, block, [{"rope_permute": {"heads": heads}}])
+    assert case.items is not None
+    case.items = {b: ref_rope(v, heads, inverse=False) for b, v in case.items.items()}
+    assert run_case(case, tmp_path) == "applied, 2 ops"
+
+
+def test_an_op_given_what_it_does_not_take_is_refused_naming_it(tmp_path: Path) -> None:
+    """unstack makes scalars; rope_permute takes rows (it once planned and wrote 0 bytes)."""
+    case = Case({"x.0.w": torch.ones(4)}, "x.{E}.w", None,
+                ops=[{"unstack": {"into": "P"}}, {"rope_permute": {"heads": 1}}], free=["E", "P"],
+                split_names={"P": None})
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file(case.tensors, str(src / "model.safetensors"))
+    (src / "config.json").write_text("{}")
+    rule = tmp_path / "rule.yaml"
+    rule.write_text(_rule(case))
+    with pytest.raises(PlanError) as failure:
+        api.apply(rule, out=tmp_path / "out", sources={"model": str(src)}, progress=False)
+    assert str(failure.value) == (f"tensors[0].ops[1] rope_permute ({rule}:9): rope_permute takes tensors of "
+                                  "rank at least 1, and this one has shape []")
+    assert not (tmp_path / "out").exists()
