@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from .engine.run.execute import ApplyResult
 from .engine.plan.planner import Plan
-from .engine.plan.gather import GatherRows
 from .engine.plan.recipes import TensorRecord
 from .errors import printable, quote_keys, terminal_line
 from .sources.base import Checkpoint
@@ -69,13 +68,11 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     for label, alignment in plan.alignments.items():
         lines.append(f"vocabulary {label}: {alignment.summary()}")
     for out in plan.outputs:
-        r = out.recipe
-        if isinstance(r, GatherRows):
-            fill = ""
-            if r.fill is not None and r.rows_filled:
-                fill = (f" from {r.fill.rows_of}:{r.fill.tensor}" if r.fill.init == "rows_of" else f" ({r.fill.init})")
-            lines.append(f"  {printable(out.key)}: {r.rows_from_source:,} of {len(r.rows):,} rows from {r.source} "
-                         f"({r.rows_from_source / max(1, len(r.rows)):.1%}), {r.rows_filled:,} filled{fill}")
+        r = out.recipe.row_account()
+        if r is not None:
+            fill = "" if r.label is None else f" from {r.label}" if r.init == "rows_of" else f" ({r.label})"
+            lines.append(f"  {printable(out.key)}: {r.from_source:,} of {r.total:,} rows from {r.source} "
+                         f"({r.from_source / max(1, r.total):.1%}), {r.filled:,} filled{fill}")
     counts = ", ".join(f"{n} {action}" for action, n in sorted(plan.counts().items()))
     lines.append(f"source tensors: {len(plan.records)} accounted for ({counts})")
     lines.extend(not_carried_text(plan, verbose=verbose))

@@ -18,7 +18,7 @@ from ...errors import PlanError, printable
 from ...ops.decode import cast_bytes, tensor_bytes
 from ...rules.model import MissingRows
 from ...sources.base import TensorInfo
-from .recipes import Chunk, Piece, Recipe, Sources, TensorRef, rows_per_chunk
+from .recipes import Chunk, Piece, Recipe, RowAccount, Sources, TensorRef, rows_per_chunk
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,19 @@ class GatherRows(Recipe):
     def origin(self) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "key": self.key, "rows_from_source": self.rows_from_source,
                                "rows_filled": self.rows_filled}
-        if self.fill is not None and self.rows_filled:
-            out["fill"] = (f"{self.fill.rows_of}:{self.fill.tensor}" if self.fill.init == "rows_of"
-                           else self.fill.init)
+        account = self.row_account()
+        if account.label is not None:
+            out["fill"] = account.label
         return out
+
+    def row_account(self) -> RowAccount:
+        fill = self.fill if self.rows_filled else None
+        label = None if fill is None else f"{fill.rows_of}:{fill.tensor}" if fill.init == "rows_of" else fill.init
+        return RowAccount(self.source, self.rows_from_source, self.rows_filled,
+                          None if fill is None else fill.init, label)
+
+    def carries_input_bytes(self) -> bool:
+        return self.rows_from_source > 0
 
     def describe(self) -> str:
         return f"{self.source}:{printable(self.key)} (permuted)"

@@ -1,6 +1,5 @@
 """What the planner asks of each output tensor beyond its shape: can its key name a
-tensor, can the values it decodes be made exactly, does a tensor tied to it match it, and
-does it count as loaded from the converted source."""
+tensor, can the values it decodes be made exactly, and does a tensor tied to it match it."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import re
 from ...dtypes import cast_problem, decodable, is_float
 from ...errors import quote
 from ...sources.base import TensorInfo
-from .gather import GatherRows
-from .recipes import CopyTensor, OutputPlan
+from .recipes import OutputPlan
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -36,14 +34,14 @@ def value_problem(out: OutputPlan) -> str | None:
         if why is not None:
             return (f"cast {out.input_dtype} -> {out.dtype} of {quote(out.key)} cannot be exact: {why}; "
                     f"drop the cast and keep {out.input_dtype}")
-    recipe = out.recipe
-    fill = recipe.fill if isinstance(recipe, GatherRows) and recipe.rows_filled else None
-    if fill is None:
+    account = out.recipe.row_account()
+    init = account.init if account is not None else None
+    if init is None:
         return None
-    if fill.init in ("mean", "normal") and not (is_float(out.input_dtype) and decodable(out.input_dtype)):
-        return (f"missing_rows init: {fill.init} makes float values and {quote(out.key)} is {out.input_dtype}; "
+    if init in ("mean", "normal") and not (is_float(out.input_dtype) and decodable(out.input_dtype)):
+        return (f"missing_rows init: {init} makes float values and {quote(out.key)} is {out.input_dtype}; "
                 "use init: zeros, or rows_of a tensor that has the rows")
-    if fill.init == "zeros" and out.input_dtype == "F8_E8M0":
+    if init == "zeros" and out.input_dtype == "F8_E8M0":
         return (f"missing_rows init: zeros cannot fill {quote(out.key)}: F8_E8M0 (a power-of-two scale) has no "
                 "zero; use rows_of a tensor that has the rows")
     return None
@@ -59,9 +57,3 @@ def tie_problem(source: str, info: TensorInfo, target: str, out: OutputPlan | No
         return (f"{source}:{info.key} is {info.dtype} {list(info.shape)} but output {target!r} is {out.dtype} "
                 f"{list(out.shape)}; tied tensors must be identical")
     return None
-
-
-def carries_source_rows(recipe: CopyTensor | GatherRows) -> bool:
-    """What ``require.loaded`` counts: a copy of a tensor of the converted source, or a
-    permutation that takes at least one of its rows from it (all filled is not loaded)."""
-    return not isinstance(recipe, GatherRows) or recipe.rows_from_source > 0

@@ -27,7 +27,7 @@ from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .gather import GatherRows
 from .groups import plan_template_rule
-from .output_checks import carries_source_rows, key_problem, tie_problem, value_problem
+from .output_checks import key_problem, tie_problem, value_problem
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
@@ -288,7 +288,7 @@ class _Planner:
             action = "cast" if action == "loaded" else action
             reason += f", cast {info.dtype} -> {dtype}"
         self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where,
-                                    loaded=carries_source_rows(recipe)),
+                                    loaded=recipe.carries_input_bytes()),
                          f"{rule.label} (from {source}:{printable(info.key)})")
         self._record(source, info, action, target, where, reason)
 
@@ -305,7 +305,7 @@ class _Planner:
                 unchanged.add(planned.recipe.key)
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
-                                        rule.where.short, loaded=True),
+                                        rule.where.short, loaded=planned.recipe.carries_input_bytes()),
                              f"{rule.label} (from {source}:{planned.members[0].key})")
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)

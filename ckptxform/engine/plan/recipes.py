@@ -64,6 +64,23 @@ class TensorRef:
         return {"source": self.source, "key": self.key}
 
 
+@dataclass(frozen=True)
+class RowAccount:
+    """Where the rows of a vocabulary row permutation come from: ``from_source`` rows of
+    ``source``'s tensor, ``filled`` rows made by ``fill`` (its ``init``; ``label`` as the
+    audit names it: ``zeros``, or ``SOURCE:KEY`` for rows_of)."""
+
+    source: str
+    from_source: int
+    filled: int
+    init: str | None
+    label: str | None
+
+    @property
+    def total(self) -> int:
+        return self.from_source + self.filled
+
+
 class Recipe(ABC):
     """How one output tensor's bytes are made."""
 
@@ -98,6 +115,15 @@ class Recipe(ABC):
         """What ``plan`` prints after the arrow: ``source:key`` and what is done to it."""
         origin = self.origin()
         return f"{origin['source']}:{printable(origin['key'])}"
+
+    def row_account(self) -> RowAccount | None:
+        """For a vocabulary row permutation, where its rows come from; None for the rest."""
+        return None
+
+    def carries_input_bytes(self) -> bool:
+        """Whether at least one byte is one of its inputs' (what makes an output of the
+        converted source count as loaded: a tensor all filled or all zeros is not)."""
+        return bool(self.inputs)
 
 
 ProgramInput = TensorRef | Block
@@ -237,6 +263,9 @@ class ByteProgram(_Chain, ByteRecipe):
     def runs(self, plan: Sources) -> tuple[Run, ...]:
         return self.view.runs
 
+    def carries_input_bytes(self) -> bool:
+        return any(run.input >= 0 for run in self.view.runs)
+
 
 @dataclass(frozen=True)
 class BlockProgram(_Chain, Recipe):
@@ -345,7 +374,8 @@ class OutputPlan:
     recipe: Recipe
     input_dtype: str
     rule: str
-    #: True when every input comes from the converted source (what require.loaded asks)
+    #: True when at least one of its bytes comes from the converted source (what
+    #: require.loaded asks); an ``add`` is a declared extra, never loaded
     loaded: bool
 
     @property

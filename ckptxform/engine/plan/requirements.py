@@ -13,7 +13,6 @@ from ...errors import RequirementError
 from ...rules.key_pattern import KeyPattern, regex_literal
 from ...rules.model import RuleSet, TensorRule
 from ...rules.templates import expand_from
-from .gather import GatherRows
 from .recipes import OutputPlan
 
 
@@ -33,15 +32,16 @@ def check_requirements(rules: RuleSet, outputs: Mapping[str, OutputPlan], produc
         out = outputs.get(item.key)
         if out is None and item.key in not_loaded:
             continue  # its source tensor is missing: reported once, by require.loaded above
-        if out is None or not isinstance(out.recipe, GatherRows):
+        account = out.recipe.row_account() if out is not None else None
+        if account is None:
             problems.append(f"require.min_rows_from_source ({item.where.short}): {item.key!r} is not a "
                             "permuted output tensor; name the output key of a permute_rows rule")
             continue
-        frac = out.recipe.rows_from_source / max(1, len(out.recipe.rows))
+        frac = account.from_source / max(1, account.total)
         if frac < item.fraction:
             problems.append(
-                f"require.min_rows_from_source ({item.where.short}): only {out.recipe.rows_from_source:,} "
-                f"of {len(out.recipe.rows):,} rows of {item.key!r} ({frac:.1%}) come from the source, "
+                f"require.min_rows_from_source ({item.where.short}): only {account.from_source:,} "
+                f"of {account.total:,} rows of {item.key!r} ({frac:.1%}) come from the source, "
                 f"below {item.fraction:.0%}; the vocabulary maps are probably not the drafters' own")
     if problems:
         raise RequirementError("\n".join(problems))
@@ -54,9 +54,9 @@ def _explain_not_loaded(rules: RuleSet, outputs: Mapping[str, OutputPlan], produ
     wanted = regex_literal(pattern.pattern)
     head = f"require.loaded ({where}): {wanted or pattern.pattern!r} was not loaded from source {source!r}"
     if wanted is not None and wanted in outputs:
-        recipe = outputs[wanted].recipe
-        if isinstance(recipe, GatherRows):
-            return (f"{head}: {producer[wanted]} takes none of its {len(recipe.rows):,} rows from "
+        account = outputs[wanted].recipe.row_account()
+        if account is not None:
+            return (f"{head}: {producer[wanted]} takes none of its {account.total:,} rows from "
                     "the source (all are filled); the vocabulary maps are probably not the drafters' own")
         return f"{head}: it is produced by {producer[wanted]}, not loaded from the source"
     if wanted is None:
