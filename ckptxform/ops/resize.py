@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..dtypes import decodable, is_float
+from .fills import NormalRows, mean_row
 from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Run, Value, View, join_runs
 from .layout import _EXPR
 
@@ -53,14 +54,9 @@ class ResizeRows(BlockOp):
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
                rows: range | None = None) -> Iterator[bytes | memoryview]:
-        import torch
-
-        from ..dtypes import torch_dtype
-        from .decode import tensor_bytes
-
         (source,) = inputs
         have, width = source.view.shape[0], source.view.row_nbytes
-        row_shape, dtype = source.view.shape[1:], torch_dtype(block.dtype)
+        row_shape = source.view.shape[1:]
         wanted = rows if rows is not None else range(block.shape[0])
         step = max(1, chunk_bytes // max(1, width))
         for first in range(wanted.start, min(wanted.stop, have), step):
@@ -69,19 +65,15 @@ class ResizeRows(BlockOp):
         if start >= wanted.stop:
             return
         if block.args["fill"] == "mean":
-            total = torch.zeros(row_shape, dtype=torch.float64)
-            for first in range(0, have, step):
-                count = min(step, have - first)
-                chunk = torch.frombuffer(bytearray(source.read(first * width, count * width)), dtype=dtype)
-                total += chunk.reshape(count, *row_shape).to(torch.float64).sum(0)
-            mean = tensor_bytes((total / have).to(dtype))
+            counts = [(first, min(step, have - first)) for first in range(0, have, step)]
+            mean = mean_row(((source.read(first * width, n * width), n) for first, n in counts), row_shape,
+                            block.dtype)
             for first in range(start, wanted.stop, step):
                 yield mean * (min(step, wanted.stop - first))
             return
-        generator = torch.Generator().manual_seed(block.args["seed"])
+        normal = NormalRows(block.args["seed"], block.args["std"], row_shape, block.dtype)
         for first in range(have, wanted.stop, step):  # from the first new row: the same values for any `rows`
             count = min(step, wanted.stop - first)
-            values = torch.randn((count, *row_shape), generator=generator, dtype=torch.float32) * block.args["std"]
+            values = normal.take(count)
             if first + count > start:
-                skip = max(0, start - first)
-                yield tensor_bytes(values[skip:].to(dtype))
+                yield values[max(0, start - first) * width:]

@@ -63,6 +63,16 @@ def semantic_problems(m: Merged) -> list[Problem]:
                    "this map has no source; give the size as an integer")
 
     literal_outputs: dict[str, str] = {}
+
+    def claim(literal: str, node: Node, sub: tuple[str | int, ...]) -> None:
+        """One output key per tensor rule: the second rule whose text proves it writes
+        ``literal`` is reported (a ``key:`` rule's ``to``, a regex rule's ``match``)."""
+        if literal in literal_outputs:
+            report(node, sub, f"produces output key {literal!r}, already produced by "
+                   f"{literal_outputs[literal]}; two tensors cannot be written to one key")
+        else:
+            literal_outputs[literal] = f"{format_path(node.path)} ({node.where().short})"
+
     earlier: list[KeyPattern] = []
     for node in m.tensors:
         rule = node.value if isinstance(node.value, dict) else {}
@@ -75,15 +85,9 @@ def semantic_problems(m: Merged) -> list[Problem]:
                     report(node, at, message)
             if parsed.key is not None and not parsed.problems:
                 earlier.append(KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")))
-                for i, tpl in enumerate(parsed.to):
-                    literal = tpl.literal
-                    if literal is None:
-                        continue
-                    if literal in literal_outputs:
-                        report(node, ("to",), f"produces output key {literal!r}, already produced by "
-                               f"{literal_outputs[literal]}; two tensors cannot be written to one key")
-                    else:
-                        literal_outputs[literal] = f"{format_path(node.path)} ({node.where().short})"
+                for tpl in parsed.to:
+                    if tpl.literal is not None:
+                        claim(tpl.literal, node, ("to",))
             continue
         pattern = _compile(rule.get("match"), node, ("match",), report)
         # A rule for one literal key that an earlier rule already takes never fires: that
@@ -115,11 +119,7 @@ def semantic_problems(m: Merged) -> list[Problem]:
                 report(node, ("rename",), problem)
         literal = None if shadowed else _literal_output(rule, pattern)
         if literal is not None:
-            if literal in literal_outputs:
-                report(node, ("match",), f"produces output key {literal!r}, already produced by "
-                       f"{literal_outputs[literal]}; two tensors cannot be written to one key")
-            else:
-                literal_outputs[literal] = f"{format_path(node.path)} ({node.where().short})"
+            claim(literal, node, ("match",))
 
     for key, node in m.named["add"].items():
         check_ref(node, ("vocab",), "vocabulary", vocabs)

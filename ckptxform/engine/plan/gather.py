@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PlanError, printable
-from ...ops.decode import cast_bytes, tensor_bytes
+from ...ops.decode import cast_bytes
+from ...ops.fills import NormalRows, mean_row
 from ...rules.model import MissingRows
 from ...sources.base import TensorInfo
 from .recipes import Chunk, Piece, Recipe, RowAccount, Sources, TensorRef, rows_per_chunk
@@ -173,7 +174,7 @@ class _Filler:
 
     def __init__(self, recipe: GatherRows, plan: Sources, dtype: str, row_shape: tuple[int, ...], width: int):
         self.recipe, self.plan, self.dtype, self.row_shape, self.width = recipe, plan, dtype, row_shape, width
-        self._generator: Any = None
+        self._normal: NormalRows | None = None
         self._mean: bytes | None = None
 
     def place(self, buf: memoryview, missing: list[tuple[int, int]]) -> None:
@@ -200,35 +201,18 @@ class _Filler:
             for pos, _ in missing:
                 buf[pos * width:(pos + 1) * width] = self._mean
         else:
-            raw = self._normal(len(missing), spec.std, spec.seed)
+            if self._normal is None:
+                self._normal = NormalRows(spec.seed, spec.std, self.row_shape, self.dtype)
+            raw = self._normal.take(len(missing))
             for i, (pos, _) in enumerate(missing):
                 buf[pos * width:(pos + 1) * width] = raw[i * width:(i + 1) * width]
 
     def _mean_row(self) -> bytes:
-        import torch
-
-        from ...dtypes import torch_dtype
-
+        """The mean of the rows taken from the source."""
         ckpt = self.plan.checkpoints[self.recipe.source]
         info = ckpt.tensors[self.recipe.key]
         present = sorted({r for r in self.recipe.rows if r >= 0})
-        total = torch.zeros(self.row_shape, dtype=torch.float64)
         block = rows_per_chunk(self.width)
-        for i in range(0, len(present), block):
-            chunk = ckpt.read_rows(info, present[i:i + block])
-            for raw in chunk.values():
-                # summed in float64: torch does not promote float8 rows
-                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(
-                    self.row_shape).to(torch.float64)
-        mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
-        return tensor_bytes(mean)
-
-    def _normal(self, count: int, std: float, seed: int) -> bytes:
-        import torch
-
-        from ...dtypes import torch_dtype
-
-        if self._generator is None:
-            self._generator = torch.Generator().manual_seed(seed)
-        values = torch.randn((count, *self.row_shape), generator=self._generator, dtype=torch.float32) * std
-        return tensor_bytes(values.to(torch_dtype(self.dtype)))
+        spans = [present[i:i + block] for i in range(0, len(present), block)]
+        return mean_row(((b"".join(ckpt.read_rows(info, rows).values()), len(rows)) for rows in spans),
+                        self.row_shape, self.dtype)

@@ -1,0 +1,45 @@
+"""The fills that make values for rows a tensor lacks: the ``mean`` of some rows (summed in
+float64: torch does not promote float8) and seeded ``normal`` values. ``resize_rows`` and
+the vocabulary permutation's ``missing_rows`` both use them (torch imported lazily)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from .decode import tensor_bytes
+
+
+def mean_row(chunks: Iterable[tuple[bytes | bytearray | memoryview, int]], row_shape: tuple[int, ...],
+             dtype: str) -> bytes:
+    """The bytes of the mean of the rows in ``chunks`` (``(raw rows, how many)`` each, rows
+    of ``row_shape`` and ``dtype``), in ``dtype``; at least one row is expected."""
+    import torch
+
+    from ..dtypes import torch_dtype
+
+    dt = torch_dtype(dtype)
+    total, count = torch.zeros(row_shape, dtype=torch.float64), 0
+    for raw, rows in chunks:
+        total += torch.frombuffer(bytearray(raw), dtype=dt).reshape(rows, *row_shape).to(torch.float64).sum(0)
+        count += rows
+    return tensor_bytes((total / max(1, count)).to(dt))
+
+
+class NormalRows:
+    """Rows of normal values times ``std`` (drawn in float32, then cast to ``dtype``), from a
+    generator seeded once: consecutive calls continue one stream."""
+
+    def __init__(self, seed: int, std: float, row_shape: tuple[int, ...], dtype: str) -> None:
+        self.seed, self.std, self.row_shape, self.dtype = seed, std, row_shape, dtype
+        self._generator: Any = None
+
+    def take(self, count: int) -> bytes:
+        import torch
+
+        from ..dtypes import torch_dtype
+
+        if self._generator is None:
+            self._generator = torch.Generator().manual_seed(self.seed)
+        values = torch.randn((count, *self.row_shape), generator=self._generator, dtype=torch.float32) * self.std
+        return tensor_bytes(values.to(torch_dtype(self.dtype)))
