@@ -144,6 +144,37 @@ def ref_dequant(members: dict[str, torch.Tensor], block: tuple[int, int]) -> tor
     return fp8_dequant(w, s, block)
 
 
+def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
+    """[n, k] integers in [0, 15] -> int32 [n, ceil(k / 8)]: nibble j of word w is element 8w + j."""
+    n, k = values.shape
+    padded = torch.zeros(n, -(-k // 8) * 8, dtype=torch.int64)
+    padded[:, :k] = values
+    words = sum(padded[:, j::8] << (4 * j) for j in range(8))
+    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+
+
+@dataclass(frozen=True)
+class Int4Module:
+    """What the int4 source was made from: stored nibbles (q + 8), zero-point nibbles (zp + 8,
+    None when symmetric), the scales, the group size."""
+
+    q: torch.Tensor
+    zp: torch.Tensor | None
+    scale: torch.Tensor
+    group: int
+
+
+def ref_int4(members: dict[str, torch.Tensor], modules: dict[int, Int4Module], group: int) -> torch.Tensor:
+    """compressed-tensors' dequantize: (q - zp) times the group's scale, in the scale's dtype, then bfloat16."""
+    packed, shape = members.get("weight_packed"), members.get("weight_shape")
+    if packed is None or shape is None or packed.dim() != 2:
+        raise Invalid("int4: no packed weight")
+    module = modules[id(packed)]  # the chain starts at dequant_int4: members are the source's
+    zp = module.zp if module.zp is not None else torch.full((module.q.shape[0], module.scale.shape[1]), 8)
+    diff = (module.q - zp.repeat_interleave(group, dim=1)).to(module.scale.dtype)
+    return (diff * module.scale.repeat_interleave(group, dim=1)).to(torch.bfloat16)
+
+
 # ------------------------------------------------------------------ chains
 
 
@@ -153,6 +184,9 @@ class Case:
     key: str
     block: tuple[int, int] | None
     ops: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    kind: str = "plain"
+    int4: dict[int, Int4Module] = field(default_factory=dict)
     #: the chain's reference output (key -> tensor), None once the chain is meaningless
     items: dict[Binding, torch.Tensor] | None = None
     free: list[str] = field(default_factory=list)
@@ -178,7 +212,7 @@ class Case:
 def _order(var: str, present: list[str], case: Case) -> list[str]:
     names = case.split_names.get(var)
     if var == "T":
-        return [m for m in ("weight", "weight_scale_inv") if m in present]
+        return sorted(present)
     if names:
         return [m for m in names if m in present]
     return sorted(present, key=int)
@@ -213,9 +247,12 @@ def cases(draw: Any) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
-    fp8 = draw(st.booleans())
+    kind = draw(st.sampled_from(["plain", "fp8", "int4"]))
+    fp8 = kind == "fp8"
     tensors: dict[str, torch.Tensor] = {}
-    if fp8:
+    if kind == "int4":
+        case = _int4_case(draw, gen, experts)
+    elif fp8:
         rows, cols = draw(st.integers(1, 12)), draw(st.integers(1, 12))
         block = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
         srows, scols = -(-rows // block[0]), -(-cols // block[1])
@@ -223,7 +260,8 @@ def cases(draw: Any) -> Case:
             w = (torch.randn(rows, cols, generator=gen) * 4).to(torch.float8_e4m3fn)
             tensors[f"x.{e}.weight"] = w
             tensors[f"x.{e}.weight_scale_inv"] = torch.rand(srows, scols, generator=gen) + 0.25
-        case = Case(tensors, "x.{E}.{T:weight,weight_scale_inv}", block, free=["E", "T"])
+        case = Case(tensors, "x.{E}.{T:weight,weight_scale_inv}", block, free=["E", "T"],
+                    config={"quantization_config": {"quant_method": "fp8", "weight_block_size": list(block)}})
     else:
         shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
         dtype = DTYPES[draw(st.sampled_from(sorted(DTYPES)))]
@@ -231,17 +269,49 @@ def cases(draw: Any) -> Case:
             values = torch.randn(shape, generator=gen) * 8
             tensors[f"x.{e}.w"] = values.to(dtype)
         case = Case(tensors, "x.{E}.w", None, free=["E"])
+    case.kind = kind
     case.items = {}
-    for key, value in tensors.items():
+    for key, value in case.tensors.items():
         parts = key.split(".")
-        binding = [("E", parts[1])] + ([("T", parts[2])] if fp8 else [])
+        binding = [("E", parts[1])] + ([("T", parts[2])] if kind != "plain" else [])
         case.items[tuple(sorted(binding))] = value
+    if kind == "int4":
+        # dequant_int4 first: it reads weight_shape's two integers when it runs (a plan reads
+        # headers only), so ops before it that resize its inputs alike are not decided at plan time
+        group = case.config["quantization_config"]["config_groups"]["g"]["weights"]["group_size"]
+        _apply(case, {"dequant_int4": {"over": "T"}}, lambda: _reduce(
+            case, "T", lambda ms, names: ref_int4(dict(zip(names, ms)), case.int4, group)))
+        case.free.remove("T")
     for _ in range(draw(st.integers(1, 4))):
         _draw_op(draw, case)
     if "T" in case.free:  # the FP8 members are consumed by a dequant, at the end if not before
         _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), case.block or (1, 1))))
         case.free.remove("T")
+    return case
+
+
+def _int4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
+    """compressed-tensors pack-quantized int4 modules x.E (symmetric or not, scales bf16 or f32)."""
+    rows, group, groups = draw(st.integers(1, 12)), draw(st.sampled_from([4, 8, 16])), draw(st.integers(1, 2))
+    symmetric, sdtype = draw(st.booleans()), draw(st.sampled_from([torch.bfloat16, torch.float32]))
+    cols = group * groups
+    tensors: dict[str, torch.Tensor] = {}
+    case = Case(tensors, "x.{E}.{T:weight_packed,weight_scale,weight_shape,weight_zero_point}", None,
+                free=["E", "T"])
+    for e in range(experts):
+        q = torch.randint(0, 16, (rows, cols), generator=gen)
+        scale = (torch.rand(rows, groups, generator=gen) + 0.01).to(sdtype)
+        zp = None if symmetric else torch.randint(0, 16, (rows, groups), generator=gen)
+        tensors[f"x.{e}.weight_packed"] = packed = pack_nibbles(q)
+        tensors[f"x.{e}.weight_scale"] = scale
+        tensors[f"x.{e}.weight_shape"] = torch.tensor([rows, cols], dtype=torch.int64)
+        if zp is not None:  # 8 rows per word: nibble k of word [w, g] is row 8w + k
+            tensors[f"x.{e}.weight_zero_point"] = pack_nibbles(zp.t().contiguous()).t().contiguous()
+        case.int4[id(packed)] = Int4Module(q, zp, scale, group)
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": group, "symmetric": symmetric}
+    case.config = {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                           "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}}
     return case
 
 
@@ -273,6 +343,12 @@ def _draw_op(draw: Any, case: Case) -> None:
         choices.append("dequant_fp8_block T")
     if "P" not in case.split_names:
         choices += ["unstack", "split"]
+    rope_fits = [h for h in range(1, rows + 1) if rows % h == 0 and (rows // h) % 2 == 0]
+    qkv_fits = [(h, k) for k in range(1, 4) for h in range(k, 7, k) if rows and rows % (h + 2 * k) == 0]
+    if not wild:  # mostly ops that fit, so that most chains get far
+        unfit = {"transpose": rank < 2, "rope_permute": not rope_fits, "rope_unpermute": not rope_fits,
+                 "qkv_interleave": not qkv_fits, "qkv_deinterleave": not qkv_fits}
+        choices = [c for c in choices if not unfit.get(c)]
     choice = draw(st.sampled_from(choices))
     verb, _, var = choice.partition(" ")
 
@@ -285,13 +361,11 @@ def _draw_op(draw: Any, case: Case) -> None:
         d0, d1 = dim(), dim()
         _apply(case, {"transpose": [d0, d1]}, lambda: _map(case, lambda t: ref_transpose(t, d0, d1)))
     elif verb.startswith("rope"):
-        fits = [h for h in range(1, rows + 1) if rows % h == 0 and (rows // h) % 2 == 0]
-        heads = draw(st.sampled_from(fits)) if fits and not wild else draw(st.integers(1, 4))
+        heads = draw(st.sampled_from(rope_fits)) if rope_fits and not wild else draw(st.integers(1, 4))
         inverse = verb == "rope_unpermute"
         _apply(case, {verb: {"heads": heads}}, lambda: _map(case, lambda t: ref_rope(t, heads, inverse)))
     elif verb.startswith("qkv"):
-        fits = [(h, k) for k in range(1, 4) for h in range(k, 7, k) if rows % (h + 2 * k) == 0]
-        heads, kv = (draw(st.sampled_from(fits)) if fits and not wild
+        heads, kv = (draw(st.sampled_from(qkv_fits)) if qkv_fits and not wild
                      else (draw(st.integers(1, 4)), draw(st.integers(1, 2))))
         inverse = verb == "qkv_deinterleave"
         _apply(case, {verb: {"heads": heads, "kv_heads": kv}},
@@ -347,9 +421,7 @@ def run_case(case: Case, root: Path) -> str:
     src = root / "src"
     src.mkdir()
     save_file(case.tensors, str(src / "model.safetensors"))
-    config: dict[str, Any] = {"model_type": "test"}
-    if case.block is not None:
-        config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": list(case.block)}
+    config: dict[str, Any] = {"model_type": "test", **case.config}
     (src / "config.json").write_text(json.dumps(config))
     rule = root / "rule.yaml"
     rule.write_text(_rule(case))
@@ -385,7 +457,7 @@ def run_case(case: Case, root: Path) -> str:
 @given(cases())
 def test_a_chain_that_plans_applies_and_equals_the_torch_reference(case: Case) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        event(run_case(case, Path(tmp)))
+        event(f"{case.kind}: {run_case(case, Path(tmp))}")
 
 
 # ------------------------------------------------------------------ the chains of issue 21
@@ -396,7 +468,8 @@ def _fp8_case(rows: int, cols: int, block: tuple[int, int], ops: list[dict[str, 
     w = (torch.randn(rows, cols, generator=gen) * 4).to(torch.float8_e4m3fn)
     s = torch.rand(-(-rows // block[0]), -(-cols // block[1]), generator=gen) + 0.25
     case = Case({"m.0.weight": w, "m.0.weight_scale_inv": s}, "m.{E}.{T:weight,weight_scale_inv}", block,
-                ops=[{"dequant_fp8_block": {"over": "T"}}, *ops], free=["E"])
+                ops=[{"dequant_fp8_block": {"over": "T"}}, *ops], free=["E"],
+                config={"quantization_config": {"quant_method": "fp8", "weight_block_size": list(block)}})
     case.items = {(("E", "0"),): fp8_dequant(w, s, block)}
     return case
 
