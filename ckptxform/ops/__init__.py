@@ -1,7 +1,8 @@
 """The ops of a rule's ``ops:`` chain, one definition each, registered by verb.
 
-Adding a verb: write its ``OpDef`` (schema, kind, shape rule, inverse, wording, and for a
-block op its ``blocks`` program) in a module of this package and list it in ``OPS``; the
+Adding a verb: write its ``OpDef`` (schema, kind, what it accepts and yields, shape rule,
+inverse, wording, and for a block op its ``blocks`` program, which must make any range of
+rows or say ``row_sliced = False``) in a module of this package and list it in ``OPS``; the
 loader, planner, executor, ``invert`` and the audit take it from here. The schema file
 holds the same fragments for editors (tests/test_ops_registry.py keeps them in step).
 """

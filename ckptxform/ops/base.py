@@ -230,6 +230,10 @@ class OpDef(ABC):
     description: ClassVar[str]
     #: what each input may be; checked by the planner before the shape rule runs
     accepts: ClassVar[Accepts] = Accepts()
+    #: what the shape rule returns: ``view`` (byte runs of the inputs, nothing decoded),
+    #: ``block`` (a ``Block``, made a bounded block at a time) or ``either`` (per arguments
+    #: and inputs); the planner holds the op to it
+    yields: ClassVar[Literal["view", "block", "either"]] = "view"
 
     def variable(self, args: Any) -> str | None:
         """The template variable a reduce op reduces (``over``) or a split op makes (``into``)."""
@@ -266,6 +270,7 @@ class OpDef(ABC):
 class BlockOp(OpDef):
     """An op whose output is made a bounded block at a time (values moved or decoded)."""
 
+    yields: ClassVar[Literal["view", "block", "either"]] = "block"
     #: ``blocks`` makes any range of dim-0 indices, so a later op may read the output by
     #: rows; a chain reading one that cannot is refused at plan time
     row_sliced: ClassVar[bool] = True
@@ -275,6 +280,14 @@ class BlockOp(OpDef):
                rows: range | None = None) -> Iterator[bytes | memoryview]:
         """The output's bytes in order (only its dim-0 indices ``rows`` when given), each
         piece made from a bounded read of the inputs, about ``chunk_bytes`` long."""
+
+
+def check_yield(op: OpDef, value: Value) -> Value:
+    """``value``, as the shape rule of ``op`` returned it, if it is what ``op`` declares it yields."""
+    kind = "block" if isinstance(value, Block) else "view"
+    if op.yields not in (kind, "either"):
+        raise TypeError(f"op {op.verb} declares it yields a {op.yields} but its shape rule returned a {kind}")
+    return value
 
 
 class NoInverse(Exception):

@@ -42,6 +42,7 @@ class _Dequant(BlockOp):
     kind = "reduce"
     partial_groups = True
     schema = _ARGS
+    yields = "either"  # a module stored unquantized is its weight's bytes
 
     def inverse(self, args: Any) -> tuple[str, Any]:
         raise NoInverse(f"{self.verb} cannot be undone: quantizing again is not exact")

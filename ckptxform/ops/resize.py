@@ -25,6 +25,7 @@ class ResizeRows(BlockOp):
               "properties": {"rows": _EXPR, "fill": {"enum": ["zeros", "mean", "normal"]},
                              "std": {"type": "number", "exclusiveMinimum": 0}, "seed": {"type": "integer"}}}
     accepts = Accepts(min_rank=1)
+    yields = "either"  # zeros and truncation are byte runs; mean and normal make values
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:
         rows = ctx.integer(args["rows"], "resize_rows.rows")

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...dtypes import DTYPE_SIZES
 from ...errors import PlanError
-from ...ops.base import Block, Context, IndexNames, Run, Step, Value, View
+from ...ops.base import Block, Context, IndexNames, Run, Step, Value, View, check_yield
 from ...rules.model import TensorRule
 from ...rules.templates import Template, expand_from, is_index, natural_key
 from ...sources.base import TensorInfo
@@ -34,6 +34,9 @@ class PlannedOutput:
     dtype: str
     recipe: Recipe
     members: tuple[TensorInfo, ...]
+    #: the one member's bytes as they are: the chain passed it through (a dequant op's
+    #: unquantized norm), so it is recorded as loaded or renamed, not as transformed
+    unchanged: bool = False
 
 
 class _StepContext(Context):
@@ -107,14 +110,14 @@ class _Chain:
         if op.kind == "map":
             for binding, value in items:
                 ctx = _StepContext(self.refs, label, binding)
-                out.append((binding, op.map(step.args, ctx, self.view(value, step, ctx))))
+                out.append((binding, check_yield(op, op.map(step.args, ctx, self.view(value, step, ctx)))))
             return out
         if op.kind == "split":
             names = next((t.variables[var].values for t in self.rule.to if var in t.variables), None) if var else None
             for binding, value in items:
                 ctx = _StepContext(self.refs, label, binding)
                 for name, part in op.split(step.args, ctx, self.view(value, step, ctx), names):
-                    out.append((tuple(sorted((*binding, (var or "", name)))), part))
+                    out.append((tuple(sorted((*binding, (var or "", name)))), check_yield(op, part)))
             return out
         assert var is not None
         groups: dict[Binding, list[tuple[str, Value]]] = {}
@@ -132,7 +135,7 @@ class _Chain:
             else:
                 order = self._order(step, ctx, rest, var, present)
             by_name = dict(group)
-            out.append((rest, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order])))
+            out.append((rest, check_yield(op, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order]))))
         return out
 
     def _order(self, step: Step, ctx: _StepContext, rest: Binding, var: str, present: set[str]) -> list[str]:
@@ -203,7 +206,7 @@ class _Chain:
         view = remap(value)
         only = self.space[next(iter(used))] if len(used) == 1 else None
         if isinstance(only, TensorInfo) and view.runs == (Run(0, 0, only.nbytes),) and view.shape == only.shape:
-            return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(source, only.key), read)
+            return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(source, only.key), read, unchanged=True)
         return PlannedOutput(out_key, view.shape, view.dtype, ByteProgram(inputs, view, steps), read)
 
 

@@ -301,8 +301,8 @@ class _Planner:
         unchanged: set[str] = set()
         chain = "; ".join(step.op.describe(step.args) for step in rule.ops)
         for planned in plan_template_rule(rule, source, members, refs):
-            if isinstance(planned.recipe, CopyTensor):
-                unchanged.add(planned.recipe.key)
+            if planned.unchanged:
+                unchanged.update(info.key for info in planned.members)
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short, loaded=planned.recipe.carries_input_bytes()),
