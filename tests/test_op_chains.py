@@ -508,3 +508,37 @@ def test_an_op_given_what_it_does_not_take_is_refused_naming_it(tmp_path: Path) 
     assert str(failure.value) == (f"tensors[0].ops[1] rope_permute ({rule}:9): rope_permute takes tensors of "
                                   "rank at least 1, and this one has shape []")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_block_op_that_cannot_make_a_range_of_rows_is_refused_before_an_op_reading_it(tmp_path: Path) -> None:
+    """The other half of the contract: an op reads a block op's output by rows, so a block op
+    that can only make its whole output (``row_sliced = False``) must end its chain."""
+    from dataclasses import replace
+
+    from ckptxform.ops.base import Step
+    from ckptxform.ops.transpose import Transpose
+    from ckptxform.rules.loader import load_rules
+
+    class WholeOnly(Transpose):
+        verb = "whole_only"
+        row_sliced = False
+
+    case = Case({"x.0.w": torch.ones(4, 6)}, "x.{E}.w", None,
+                ops=[{"transpose": [0, 1]}, {"rope_permute": {"heads": 1}}], free=["E"])
+    src = tmp_path / "src"
+    src.mkdir()
+    save_file(case.tensors, str(src / "model.safetensors"))
+    (src / "config.json").write_text("{}")
+    rule_file = tmp_path / "rule.yaml"
+    rule_file.write_text(_rule(case))
+    rules = load_rules(rule_file)
+    rule = rules.tensors[0]
+    first = rule.ops[0]
+    rules = replace(rules, tensors=(replace(rule, ops=(Step(WholeOnly(), first.args, first.where), rule.ops[1])),))
+    with pytest.raises(PlanError) as failure:
+        api.plan(rules, sources={"model": str(src)})
+    assert str(failure.value) == (f"tensors[0].ops[1] rope_permute ({rule_file}:9): rope_permute reads its input by "
+                                  "rows, and the output of whole_only cannot be made a range of rows at a time; "
+                                  "whole_only must be the last op of the chain")
+    # the same chain with the real transpose (row-sliced) plans
+    api.plan(rule_file, sources={"model": str(src)}).close()
