@@ -416,15 +416,20 @@ def _bits(t: torch.Tensor) -> bytes:
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def run_case(case: Case, root: Path) -> str:
-    """Plan and apply ``case``; what happened (for the statistics)."""
+def write_case(case: Case, root: Path) -> tuple[Path, Path]:
+    """The source checkpoint (root/src) and the rule file of ``case``: (rule, src)."""
     src = root / "src"
     src.mkdir()
     save_file(case.tensors, str(src / "model.safetensors"))
-    config: dict[str, Any] = {"model_type": "test", **case.config}
-    (src / "config.json").write_text(json.dumps(config))
+    (src / "config.json").write_text(json.dumps({"model_type": "test", **case.config}))
     rule = root / "rule.yaml"
     rule.write_text(_rule(case))
+    return rule, src
+
+
+def run_case(case: Case, root: Path) -> str:
+    """Plan and apply ``case``; what happened (for the statistics)."""
+    rule, src = write_case(case, root)
     text = _rule(case)
     if case.items is None:
         with pytest.raises(PlanError) as failure:
@@ -497,12 +502,7 @@ def test_an_op_given_what_it_does_not_take_is_refused_naming_it(tmp_path: Path) 
     case = Case({"x.0.w": torch.ones(4)}, "x.{E}.w", None,
                 ops=[{"unstack": {"into": "P"}}, {"rope_permute": {"heads": 1}}], free=["E", "P"],
                 split_names={"P": None})
-    src = tmp_path / "src"
-    src.mkdir()
-    save_file(case.tensors, str(src / "model.safetensors"))
-    (src / "config.json").write_text("{}")
-    rule = tmp_path / "rule.yaml"
-    rule.write_text(_rule(case))
+    rule, src = write_case(case, tmp_path)
     with pytest.raises(PlanError) as failure:
         api.apply(rule, out=tmp_path / "out", sources={"model": str(src)}, progress=False)
     assert str(failure.value) == (f"tensors[0].ops[1] rope_permute ({rule}:9): rope_permute takes tensors of "
@@ -525,12 +525,7 @@ def test_a_block_op_that_cannot_make_a_range_of_rows_is_refused_before_an_op_rea
 
     case = Case({"x.0.w": torch.ones(4, 6)}, "x.{E}.w", None,
                 ops=[{"transpose": [0, 1]}, {"rope_permute": {"heads": 1}}], free=["E"])
-    src = tmp_path / "src"
-    src.mkdir()
-    save_file(case.tensors, str(src / "model.safetensors"))
-    (src / "config.json").write_text("{}")
-    rule_file = tmp_path / "rule.yaml"
-    rule_file.write_text(_rule(case))
+    rule_file, src = write_case(case, tmp_path)
     rules = load_rules(rule_file)
     rule = rules.tensors[0]
     first = rule.ops[0]
