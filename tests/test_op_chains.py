@@ -15,7 +15,6 @@ divide the rows, a mean of integers, a scale the block size does not explain...)
 from __future__ import annotations
 
 import json
-import math
 import re
 import tempfile
 from collections.abc import Callable
@@ -27,6 +26,22 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from op_references import (
+    Int4Module,
+    Invalid,
+    fp8_dequant,
+    pack_nibbles,
+    ref_concat,
+    ref_dequant,
+    ref_int4,
+    ref_qkv,
+    ref_resize,
+    ref_rope,
+    ref_split,
+    ref_stack,
+    ref_transpose,
+    rows_of,
+)
 from safetensors.torch import load_file, save_file
 
 from ckptxform import api
@@ -34,145 +49,6 @@ from ckptxform.errors import PlanError
 
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
 Binding = tuple[tuple[str, str], ...]
-
-
-class Invalid(Exception):
-    """The chain has no meaning on these tensors: the planner must refuse it."""
-
-
-# ------------------------------------------------------------------ the reference, op by op
-
-
-def ref_transpose(t: torch.Tensor, d0: int, d1: int) -> torch.Tensor:
-    rank = t.dim()
-    if rank < 2 or not (-rank <= d0 < rank and -rank <= d1 < rank) or d0 % rank == d1 % rank:
-        raise Invalid("transpose needs two different dims")
-    return t.transpose(d0, d1).contiguous()
-
-
-def _rows(t: torch.Tensor) -> int:
-    if t.dim() < 1:
-        raise Invalid("a scalar has no rows")
-    return t.shape[0]
-
-
-def ref_rope(t: torch.Tensor, heads: int, inverse: bool) -> torch.Tensor:
-    """w.view(n, hd//2, 2, in).transpose(1, 2); the inverse views (n, 2, hd//2, in)."""
-    rows = _rows(t)
-    if heads <= 0 or rows % heads or (rows // heads) % 2:
-        raise Invalid("heads do not make an even head size")
-    rest, half = t.shape[1:], rows // heads // 2
-    shape = (heads, 2, half) if inverse else (heads, half, 2)
-    return t.reshape(*shape, *rest).transpose(1, 2).reshape(rows, *rest).contiguous()
-
-
-def ref_qkv(t: torch.Tensor, heads: int, kv: int, inverse: bool) -> torch.Tensor:
-    """Per kv group g: [its heads/kv q heads; k_g; v_g] (Megatron's linear_qkv)."""
-    rows = _rows(t)
-    if kv <= 0 or heads % kv or rows % (heads + 2 * kv):
-        raise Invalid("not q, k and v of these heads")
-    rest, hd, per = t.shape[1:], rows // (heads + 2 * kv), heads // kv
-    if not inverse:
-        q = t[:heads * hd].reshape(kv, per * hd, *rest)
-        k = t[heads * hd:(heads + kv) * hd].reshape(kv, hd, *rest)
-        v = t[(heads + kv) * hd:].reshape(kv, hd, *rest)
-        return torch.cat([q, k, v], dim=1).reshape(rows, *rest).contiguous()
-    g = t.reshape(kv, (per + 2) * hd, *rest)
-    parts = [g[:, :per * hd], g[:, per * hd:(per + 1) * hd], g[:, (per + 1) * hd:]]
-    return torch.cat([p.reshape(-1, *rest) for p in parts]).contiguous()
-
-
-def ref_resize(t: torch.Tensor, rows: int, fill: str, std: float, seed: int) -> torch.Tensor:
-    have = _rows(t)
-    if rows <= have:
-        return t[:rows].contiguous()
-    rest, new = t.shape[1:], rows - have
-    if fill == "zeros":
-        extra = torch.zeros((new, *rest), dtype=t.dtype)
-    elif not t.dtype.is_floating_point or (fill == "mean" and have == 0):
-        raise Invalid(f"fill {fill} of {t.dtype} / no rows")
-    elif fill == "mean":  # summed in float64
-        extra = (t.to(torch.float64).sum(0) / have).to(t.dtype).expand(new, *rest)
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        extra = (torch.randn((new, *rest), generator=gen, dtype=torch.float32) * std).to(t.dtype)
-    return torch.cat([t, extra]).contiguous()
-
-
-def ref_stack(members: list[torch.Tensor]) -> torch.Tensor:
-    if len({(m.shape, m.dtype) for m in members}) > 1:
-        raise Invalid("stack of different shapes or dtypes")
-    return torch.stack(members)
-
-
-def ref_concat(members: list[torch.Tensor], dim: int) -> torch.Tensor:
-    first = members[0]
-    rank = first.dim()
-    if rank < 1 or not -rank <= dim < rank or len({m.dtype for m in members}) > 1:
-        raise Invalid("concat: no such dim, or dtypes differ")
-    d = dim % rank
-    if any(m.dim() != rank or m.shape[:d] + m.shape[d + 1:] != first.shape[:d] + first.shape[d + 1:]
-           for m in members):
-        raise Invalid("concat: shapes differ outside dim")
-    return torch.cat(members, d)
-
-
-def ref_split(t: torch.Tensor, dim: int, names: list[str]) -> list[tuple[str, torch.Tensor]]:
-    rank = t.dim()
-    if rank < 1 or not -rank <= dim < rank or t.shape[dim] % len(names):
-        raise Invalid("split: no such dim, or not equal parts")
-    return [(n, p.contiguous()) for n, p in zip(names, torch.tensor_split(t, len(names), dim))]
-
-
-def fp8_dequant(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """DeepSeek's weight_dequant, block by block: float32 product, then bfloat16."""
-    bh, bw = block
-    out = torch.empty(w.shape, dtype=torch.bfloat16)
-    for bi in range(math.ceil(w.shape[0] / bh)):
-        for bj in range(math.ceil(w.shape[1] / bw)):
-            rows, cols = slice(bi * bh, (bi + 1) * bh), slice(bj * bw, (bj + 1) * bw)
-            out[rows, cols] = (w[rows, cols].to(torch.float32) * s[bi, bj].item()).to(torch.bfloat16)
-    return out
-
-
-def ref_dequant(members: dict[str, torch.Tensor], block: tuple[int, int]) -> torch.Tensor:
-    w, s = members.get("weight"), members.get("weight_scale_inv")
-    if w is None or s is None or w.dtype != torch.float8_e4m3fn or w.dim() != 2 or s.dtype != torch.float32:
-        raise Invalid("dequant: not an FP8 weight with its float32 scale")
-    if tuple(s.shape) != (-(-w.shape[0] // block[0]), -(-w.shape[1] // block[1])):
-        raise Invalid("dequant: the block size does not explain the scale")
-    return fp8_dequant(w, s, block)
-
-
-def pack_nibbles(values: torch.Tensor) -> torch.Tensor:
-    """[n, k] integers in [0, 15] -> int32 [n, ceil(k / 8)]: nibble j of word w is element 8w + j."""
-    n, k = values.shape
-    padded = torch.zeros(n, -(-k // 8) * 8, dtype=torch.int64)
-    padded[:, :k] = values
-    words = sum(padded[:, j::8] << (4 * j) for j in range(8))
-    return torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-
-
-@dataclass(frozen=True)
-class Int4Module:
-    """What the int4 source was made from: stored nibbles (q + 8), zero-point nibbles (zp + 8,
-    None when symmetric), the scales, the group size."""
-
-    q: torch.Tensor
-    zp: torch.Tensor | None
-    scale: torch.Tensor
-    group: int
-
-
-def ref_int4(members: dict[str, torch.Tensor], modules: dict[int, Int4Module], group: int) -> torch.Tensor:
-    """compressed-tensors' dequantize: (q - zp) times the group's scale, in the scale's dtype, then bfloat16."""
-    packed, shape = members.get("weight_packed"), members.get("weight_shape")
-    if packed is None or shape is None or packed.dim() != 2:
-        raise Invalid("int4: no packed weight")
-    module = modules[id(packed)]  # the chain starts at dequant_int4: members are the source's
-    zp = module.zp if module.zp is not None else torch.full((module.q.shape[0], module.scale.shape[1]), 8)
-    diff = (module.q - zp.repeat_interleave(group, dim=1)).to(module.scale.dtype)
-    return (diff * module.scale.repeat_interleave(group, dim=1)).to(torch.bfloat16)
 
 
 # ------------------------------------------------------------------ chains
@@ -393,7 +269,7 @@ def _draw_op(draw: Any, case: Case) -> None:
         case.split_names["P"] = None
         case.free.append("P")
         _apply(case, {"unstack": {"into": "P"}}, lambda: _split(
-            case, "P", lambda t: [(str(i), t[i].contiguous()) for i in range(_rows(t))]))
+            case, "P", lambda t: [(str(i), t[i].contiguous()) for i in range(rows_of(t))]))
     else:
         names = ["a", "b", "c"][:draw(st.integers(1, 3))]
         case.split_names["P"] = names

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..dtypes import decodable, is_float
-from .fills import NormalRows, mean_row
 from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Run, Value, View, join_runs
+from .fills import NormalRows, mean_row
 from .layout import _EXPR
 
 
