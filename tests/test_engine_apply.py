@@ -238,7 +238,7 @@ def test_permuted_rows_are_the_same_bytes_by_kernel_copies_or_the_stream(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A local lm_head is gathered by kernel copies of its row runs, a Hub one (or with a
     cast) streamed through memory: the same bytes."""
-    import ckptxform.engine.plan.gather as gather
+    from ckptxform.engine.plan.recipes import ByteProgram
     from ckptxform.engine.run.writer import ShardWriter
 
     rule = rule_variant({MISSING_ROWS_FROM_VERIFIER: fill}) if fill != MISSING_ROWS_FROM_VERIFIER else rule_variant({})
@@ -253,7 +253,7 @@ def test_permuted_rows_are_the_same_bytes_by_kernel_copies_or_the_stream(
     outputs = {}
     for how in ("kernel", "stream"):
         if how == "stream":
-            monkeypatch.setattr(gather.GatherRows, "local_pieces", lambda self, plan: None)
+            monkeypatch.setattr(ByteProgram, "local_pieces", lambda self, plan: None)
         copied.clear()
         outputs[how] = apply_variant(rule, tmp_path / how, small.sources)["lm_head.weight"]
         assert ("lm_head.weight" in copied) == (how == "kernel"), how

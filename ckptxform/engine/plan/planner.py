@@ -16,6 +16,8 @@ from typing import Any
 
 from ...dtypes import USER_DTYPES, cast_problem
 from ...errors import PlanError, SourceNotFoundError, printable, quote_keys
+from ...ops.base import Block, Run, View
+from ...ops.rows import permuted_rows
 from ...rules.model import AddEntry, RuleSet, TensorRule
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
@@ -25,10 +27,19 @@ from .cast_checks import check_quantized_casts
 from .config_checks import check_config
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
-from .gather import GatherRows
 from .groups import plan_template_rule
 from .output_checks import key_problem, tie_problem, value_problem
-from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
+from .recipes import (
+    ByteProgram,
+    CopyTensor,
+    OutputPlan,
+    RowAccount,
+    RowsOrigin,
+    SourceRecord,
+    TensorRecord,
+    TensorRef,
+    VocabField,
+)
 from .references import References
 from .requirements import check_requirements
 from .vocab_maps import read_vocab_map
@@ -329,7 +340,8 @@ class _Planner:
                 raise PlanError(f"{label}: tie: {problem}", key=key)
 
     def _permutation(self, source: str, info: TensorInfo,
-                     rule: TensorRule) -> tuple[GatherRows, tuple[int, ...], str]:
+                     rule: TensorRule) -> tuple[ByteProgram, tuple[int, ...], str]:
+        """A ``permute_rows`` rule's program (ops/rows.py) over ``source``'s tensor ``info``."""
         perm = rule.permute_rows
         assert perm is not None
         src_map, dst_map = self.vocab[perm.from_vocab], self.vocab[perm.to_vocab]
@@ -342,16 +354,18 @@ class _Planner:
                                                src_map.alignment_to(dst_map))
         rows = alignment.source_index
         targets = dst_map.target_ids
-        recipe = GatherRows(source, info.key, rows, targets, rule.missing_rows)
-        shape = (dst_map.draft_size, *info.shape[1:])
-        if recipe.rows_filled and rule.missing_rows is None:
+        filled = rows.count(-1)
+        if filled and rule.missing_rows is None:
             raise PlanError(
-                f"{rule.label}: {recipe.rows_filled} of {len(rows)} rows of {info.key!r} are tokens of "
+                f"{rule.label}: {filled} of {len(rows)} rows of {info.key!r} are tokens of "
                 f"{perm.to_vocab!r} absent from {perm.from_vocab!r}; add missing_rows (rows_of a "
                 "full-vocabulary tensor such as the verifier's lm_head, or init: zeros|mean|normal)",
                 key=info.key)
         fill = rule.missing_rows
-        if fill is not None and fill.init == "rows_of" and recipe.rows_filled:
+        inputs: list[TensorRef | Block] = [TensorRef(source, info.key)]
+        reads = [(source, info.key, tuple(i for i in rows if i >= 0))]
+        fill_view = None
+        if fill is not None and fill.init == "rows_of" and filled:
             assert fill.rows_of is not None and fill.tensor is not None
             fb = self._tensor(fill.rows_of, fill.tensor, f"{rule.label} missing_rows")
             needed = max(t for r, t in zip(rows, targets) if r < 0)
@@ -367,10 +381,24 @@ class _Planner:
                     f"of {info.key!r} are {info.dtype}; that cast cannot be exact: {why}; point missing_rows at a "
                     "tensor of a compatible dtype", key=fill.tensor)
             self._record(fill.rows_of, fb, "rows", None, fill.where.short,
-                         f"{recipe.rows_filled} rows read for tokens of {perm.to_vocab!r} absent from "
+                         f"{filled} rows read for tokens of {perm.to_vocab!r} absent from "
                          f"{perm.from_vocab!r}" + (f", cast {fb.dtype} -> {info.dtype}" if fb.dtype != info.dtype else ""))
-        reason = (f"rows permuted {perm.from_vocab} -> {perm.to_vocab}: {recipe.rows_from_source} from the "
-                  f"source, {recipe.rows_filled} filled" +
+            inputs.append(TensorRef(fill.rows_of, fill.tensor))
+            reads.append((fill.rows_of, fill.tensor, tuple(t for r, t in zip(rows, targets) if r < 0)))
+            fill_view = View(fb.shape, fb.dtype, (Run(1, 0, fb.nbytes),))
+        spec = None if fill is None else {"init": fill.init, "std": fill.std, "seed": fill.seed}
+        view, block = permuted_rows(View(info.shape, info.dtype, (Run(0, 0, info.nbytes),)), rows, targets, spec,
+                                    fill_view, len(inputs))
+        if block is not None:
+            inputs.append(block)
+        used = fill if filled else None
+        label = None if used is None else f"{used.rows_of}:{used.tensor}" if used.init == "rows_of" else used.init
+        account = RowAccount(source, len(rows) - filled, filled, None if used is None else used.init, label)
+        recipe = ByteProgram(tuple(inputs), view, (f"permute_rows {perm.from_vocab} -> {perm.to_vocab}",),
+                             RowsOrigin(source, info.key, account, tuple(reads)))
+        shape = (dst_map.draft_size, *info.shape[1:])
+        reason = (f"rows permuted {perm.from_vocab} -> {perm.to_vocab}: {account.from_source} from the "
+                  f"source, {filled} filled" +
                   (f" ({fill.rows_of}:{fill.tensor})" if fill and fill.init == "rows_of" else
                    f" ({fill.init})" if fill else ""))
         return recipe, shape, reason

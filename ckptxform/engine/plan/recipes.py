@@ -7,9 +7,10 @@ and the reports never switch on its type:
 
 - ``CopyTensor``: one source tensor's bytes unchanged (a keep, a rename, an untie);
 - ``ByteProgram``: byte runs of several inputs (stack, concat, split, any row
-  permutation), made by a chain of layout ops; nothing is decoded;
+  permutation), made by a chain of layout ops; nothing is decoded but the block ops'
+  outputs its runs read. A vocabulary row permutation (ops/rows.py) is one too, with its
+  ``RowsOrigin`` (the audit's wording, its rows for a Hub prefetch);
 - ``BlockProgram``: a block op (transpose, dequant) decoding a bounded block at a time;
-- ``GatherRows`` (engine/plan/gather.py): rows permuted by vocabulary maps, with fills;
 - ``VocabField``: ``d2t``/``t2d`` of a vocabulary map.
 """
 
@@ -79,6 +80,25 @@ class RowAccount:
     @property
     def total(self) -> int:
         return self.from_source + self.filled
+
+
+@dataclass(frozen=True)
+class RowsOrigin:
+    """What the audit, the plan and a Hub prefetch say of a vocabulary row permutation:
+    ``source``'s tensor ``key``, where its rows come from, and the rows it reads
+    (``(source, key, rows)``: the source's rows taken, the rows_of tensor's rows)."""
+
+    source: str
+    key: str
+    account: RowAccount
+    reads: tuple[tuple[str, str, tuple[int, ...]], ...]
+
+    def origin(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "key": self.key,
+                               "rows_from_source": self.account.from_source, "rows_filled": self.account.filled}
+        if self.account.label is not None:
+            out["fill"] = self.account.label
+        return out
 
 
 class Recipe(ABC):
@@ -158,26 +178,38 @@ class ByteRecipe(Recipe):
             yield bytes(buf)
 
     def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
-        places = []
+        places: list[tuple[Path, int] | None] = []
         for item in self.sources():
             if isinstance(item, Block):
-                return None
+                if self.kernel_run_min() != 0:
+                    return None
+                places.append(None)  # decoded, through memory, between the kernel copies
+                continue
             info = item.info(plan)
             path = plan.checkpoints[item.source].local_path(info.file)
             if path is None or info.offset < 0:
                 return None
             places.append((path, info.offset))
+        if not any(places):
+            return None
         return self._pieces(plan, places)
 
-    def _pieces(self, plan: Sources, places: list[tuple[Path, int]]) -> Iterator[Piece]:
+    def kernel_run_min(self) -> int:
+        """Runs at least this long are kernel copies (shorter ones go through memory); 0:
+        every run of a local file, with a block op's runs decoded in between."""
+        return KERNEL_RUN_MIN
+
+    def _pieces(self, plan: Sources, places: list[tuple[Path, int] | None]) -> Iterator[Piece]:
         runs = self.runs(plan)
         small: list[Run] = []
+        least = self.kernel_run_min()
         for run in runs:
-            if run.input >= 0 and (run.length >= KERNEL_RUN_MIN or len(runs) == 1):
+            place = places[run.input] if run.input >= 0 else None
+            if place is not None and (run.length >= least or len(runs) == 1):
                 if small:
                     yield from _SmallRuns(self, small).stream(plan)
                     small = []
-                path, offset = places[run.input]
+                path, offset = place
                 yield (path, offset + run.start, run.length)
             else:
                 small.append(run)
@@ -254,17 +286,47 @@ class _Chain:
 
 @dataclass(frozen=True)
 class ByteProgram(_Chain, ByteRecipe):
-    """Byte runs of ``program_inputs`` made by the layout ops ``steps`` (as the audit words them)."""
+    """Byte runs of ``program_inputs`` made by the layout ops ``steps`` (as the audit words
+    them); a vocabulary row permutation has its ``rows`` origin, and every run of its
+    adjacent rows is a kernel copy from a local file (d8eeb36: a read into memory and a
+    write cost twice the copy, and fresh memory is slow to fault in on a vm)."""
 
     program_inputs: tuple[ProgramInput, ...]
     view: View
     steps: tuple[str, ...]
+    rows: RowsOrigin | None = None
 
     def runs(self, plan: Sources) -> tuple[Run, ...]:
         return self.view.runs
 
+    def kernel_run_min(self) -> int:
+        return 0 if self.rows is not None else KERNEL_RUN_MIN
+
     def carries_input_bytes(self) -> bool:
+        if self.rows is not None:  # a rows_of fill's rows are not the converted source's
+            return self.rows.account.from_source > 0
         return any(run.input >= 0 for run in self.view.runs)
+
+    def row_account(self) -> RowAccount | None:
+        return self.rows.account if self.rows is not None else None
+
+    def origin(self) -> dict[str, Any]:
+        return self.rows.origin() if self.rows is not None else _Chain.origin(self)
+
+    def describe(self) -> str:
+        if self.rows is not None:
+            return f"{self.rows.source}:{printable(self.rows.key)} (permuted)"
+        return _Chain.describe(self)
+
+    def prefetch_reads(self, plan: Sources) -> list[tuple[str, str, tuple[int, ...] | None]]:
+        if self.rows is not None:
+            return list(self.rows.reads)
+        return ByteRecipe.prefetch_reads(self, plan)
+
+    def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
+        if self.rows is not None:  # rows from all over the tensor: not a whole-tensor read
+            return Recipe.read_order(self, plan)
+        return ByteRecipe.read_order(self, plan)
 
 
 @dataclass(frozen=True)
