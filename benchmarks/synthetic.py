@@ -143,7 +143,19 @@ def native_config(d: Dims) -> dict[str, object]:
             "intermediate_size": d.inter, "num_attention_heads": d.hidden // 128,
             "num_key_value_heads": d.hidden // 128, "head_dim": 128, "rms_norm_eps": 1e-5,
             "rope_theta": 500000.0, "max_position_embeddings": 131072, "vocab_size": d.vocab,
-            "draft_vocab_size": d.draft_vocab, "torch_dtype": "bfloat16"}
+            "draft_vocab_size": d.draft_vocab, "torch_dtype": "bfloat16",
+            # the verifier layers fc fuses (EAGLE's default 2, N/2, N-3 of Kimi-K2's 61): the
+            # headline rule's require.config asserts them
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, VERIFIER_LAYERS // 2, VERIFIER_LAYERS - 3]}}
+
+
+#: Kimi-K2 / K2.5's decoder layers (the verifier's text_config.num_hidden_layers)
+VERIFIER_LAYERS = 61
+
+
+def verifier_config(hidden: int, vocab: int) -> dict[str, object]:
+    return {"model_type": "kimi_k25", "text_config": {"hidden_size": hidden, "vocab_size": vocab,
+                                                       "num_hidden_layers": VERIFIER_LAYERS}}
 
 
 def build_benchmark_sources(root: Path, total_bytes: int, *, shards: int = 4) -> dict[str, Path]:
@@ -162,6 +174,7 @@ def build_benchmark_sources(root: Path, total_bytes: int, *, shards: int = 4) ->
     verifier = root / "verifier"
     write_sharded(verifier, [[Tensor("language_model.model.embed_tokens.weight", "BF16", (d.vocab, d.hidden))],
                              [Tensor("language_model.lm_head.weight", "BF16", (d.vocab, d.hidden))]])
+    (verifier / "config.json").write_text(json.dumps(verifier_config(d.hidden, d.vocab), indent=2))
     return {"drafter": drafter, "target_vocab": target, "verifier": verifier}
 
 
@@ -188,6 +201,5 @@ def build_sparse_verifier(root: Path, *, hidden: int = 7168, vocab: int = 163840
         write_safetensors(root / name, group, sparse=True, real_ranges=ranges if i == n else ())
         weight_map.update({t.key: name for t in group})
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({"model_type": "kimi_k25", "text_config": {
-        "hidden_size": hidden, "vocab_size": vocab}}))
+    (root / "config.json").write_text(json.dumps(verifier_config(hidden, vocab)))
     return root

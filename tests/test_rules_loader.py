@@ -135,7 +135,7 @@ GOLDEN = [
     # --- one-of failures ------------------------------------------------------------------
     pytest.param(
         "version: 1\nsources:\n  drafter: {repo: org/drafter, path: ./drafter}\n",
-        ["rules.yaml:3:12: sources.drafter: give exactly one of the forms {repo} or {path}, not several"],
+        ["rules.yaml:3:12: sources.drafter: give exactly one of the forms {repo} or {path} or {example}, not several"],
         id="one-of-source-with-repo-and-path",
     ),
     pytest.param(
