@@ -7,17 +7,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from .tensor_digest import DEFAULT_DIGEST
-from .engine.run.execute import ApplyResult, execute
-from .engine.run.job import RunOptions
-from .errors import PlanError
 from .engine.plan.planner import Plan, build_plan, needed_sources
+from .engine.run.execute import ApplyResult, execute
+from .engine.run.options import RunOptions
+from .errors import PlanError
 from .log import logger
 from .rules.loader import load_rules
 from .rules.model import RuleSet
 from .sources.base import Checkpoint
 from .sources.resolve import open_sources
+from .tensor_digest import DEFAULT_DIGEST
 
 
 def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None,
@@ -52,24 +53,13 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
         raise
 
 
-def apply(
-    rules: str | os.PathLike[str] | RuleSet,
-    *,
-    out: str | os.PathLike[str],
-    sources: Mapping[str, str] | None = None,
-    force: bool = False,
-    progress: bool | None = False,
-    fsync: bool = True,
-    require_pinned: bool = False,
-    digest: str = DEFAULT_DIGEST,
-    jobs: int | None = None,
-    resume: bool = True,
-    executor: str = "local",
-    ray_address: str | None = None,
-    shard_of: tuple[int, int] | None = None,
-    strict: bool = False,
-) -> ApplyResult:
+def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str],
+          sources: Mapping[str, str] | None = None, options: RunOptions | None = None,
+          **settings: Any) -> ApplyResult:
     """Plan, then write the converted checkpoint and its audit log to ``out``.
+
+    How is one ``RunOptions`` (engine/run/options.py): pass ``options=``, or its fields as
+    keywords (they replace those of ``options``):
 
     Every assertion is checked before any weight byte is read; the output directory
     appears whole or not at all; an existing ``out`` is replaced only with ``force``, and
@@ -79,6 +69,7 @@ def apply(
     leaves OUT whole or absent, a power loss may not. ``progress``: a progress bar on
     stderr (None: when stderr is a terminal, as the CLI does); a library call is silent
     by default, log messages included (enable them with ``logger.enable("ckptxform")``).
+    ``require_pinned`` refuses a Hub source whose revision is a branch or tag.
     ``result.out`` and ``result.audit_path`` are absolute.
     ``digest`` is the hash the audit records for every written tensor: ``"blake3"``
     (default, ~5x faster) or ``"sha256"``.
@@ -89,7 +80,8 @@ def apply(
     starts over). ``executor="ray"`` runs the shards on the Ray cluster at
     ``ray_address`` (or ``RAY_ADDRESS``; neither: a local Ray instance), whose nodes
     share the source and output paths. ``shard_of=(rank, world)`` writes only the
-    shards of that rank and leaves ``out`` to ``finalize``.
+    shards of that rank and leaves ``out`` to ``finalize``. Workers never plan: each
+    task carries its slice of this plan.
     The plan's warnings (a rule that matched no tensor) are logged; ``strict=True`` makes
     the first of them a ``PlanError`` before anything is written.
 
@@ -98,11 +90,10 @@ def apply(
     >>> result.audit_path                                                               # doctest: +SKIP
     PosixPath('/home/me/k25-drafter/ckptxform_audit.jsonl')
     """
-    options = RunOptions(jobs=jobs, resume=resume, executor=executor, ray_address=ray_address, shard_of=shard_of)
-    with plan(rules, sources=sources, require_pinned=require_pinned) as the_plan:
-        _say_warnings(the_plan, strict)
-        result = execute(the_plan, Path(out), force=force, progress=progress, fsync=fsync, algorithm=digest,
-                         options=options)
+    options = replace(options or RunOptions(), **settings)
+    with plan(rules, sources=sources, require_pinned=options.require_pinned) as the_plan:
+        _say_warnings(the_plan, options.strict)
+        result = execute(the_plan, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))
 
@@ -116,23 +107,17 @@ def _say_warnings(the_plan: Plan, strict: bool) -> None:
         logger.warning("{}", warning)
 
 
-def finalize(
-    rules: str | os.PathLike[str] | RuleSet,
-    *,
-    out: str | os.PathLike[str],
-    sources: Mapping[str, str] | None = None,
-    force: bool = False,
-    fsync: bool = True,
-    digest: str = DEFAULT_DIGEST,
-) -> ApplyResult:
+def finalize(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str],
+             sources: Mapping[str, str] | None = None, force: bool = False, fsync: bool = True,
+             digest: str = DEFAULT_DIGEST) -> ApplyResult:
     """Commit ``out`` from the shards every ``apply(..., shard_of=(rank, world))`` wrote:
     the same plan (rules, sources, ``digest``); writes no shard and refuses, naming them,
     while some are not finished.
 
     >>> finalize("rules/big.yaml", out="big-out")   # doctest: +SKIP
     """
+    options = RunOptions(force=force, fsync=fsync, digest=digest, finalize=True)
     with plan(rules, sources=sources) as the_plan:
-        result = execute(the_plan, Path(out), force=force, progress=False, fsync=fsync, algorithm=digest,
-                         options=RunOptions(finalize=True))
+        result = execute(the_plan, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))

@@ -16,6 +16,8 @@ from typing import Any
 import click
 
 from .cli_errors import reports_errors, usage_failure
+from .engine.run.executors import EXECUTORS
+from .engine.run.options import RunOptions
 from .errors import RuleError, UsageError, terminal_line
 from .log import configure_stderr
 from .tensor_digest import DEFAULT_DIGEST, DIGESTS
@@ -257,7 +259,7 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
                    "by memory and by the shards).")
 @click.option("--no-resume", is_flag=True,
               help="Discard the shards an interrupted run of the same plan finished, and start over.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(list(EXECUTORS)), default="local", show_default=True,
               help="Where shard tasks run: worker processes here, or a Ray cluster (the 'ray' extra).")
 @click.option("--ray-address", default=None, metavar="ADDRESS",
               help="The Ray cluster for --executor ray (default: RAY_ADDRESS, else a local Ray instance).")
@@ -273,10 +275,11 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from . import api
 
-    result = api.apply(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
-                       require_pinned=require_pinned, progress=False if _quiet() else None, digest=digest,
-                       jobs=jobs, resume=not no_resume, executor=executor, ray_address=ray_address,
-                       shard_of=_parse_shard_of(shard_of), strict=strict)
+    options = RunOptions(force=force, fsync=not no_fsync, require_pinned=require_pinned,
+                         progress=False if _quiet() else None, digest=digest, jobs=jobs, resume=not no_resume,
+                         executor=executor, ray_address=ray_address, shard_of=_parse_shard_of(shard_of),
+                         strict=strict)
+    result = api.apply(rules, out=out, sources=_parse_overrides(sources), options=options)
     _print_result(result, as_json)
 
 

@@ -71,7 +71,7 @@ def reports_errors(func: F) -> F:
             _fail(str(err).splitlines(), "" if isinstance(err, RuleError) else "error: ", err.exit_code,
                   type(err).__name__, as_json=bool(kwargs.get("as_json")), **fields)
         except KeyboardInterrupt:
-            _fail(["interrupted"], "", 130, "KeyboardInterrupt", as_json=bool(kwargs.get("as_json")))
+            _fail(["interrupted"], "", 130, "KeyboardInterrupt", as_json=bool(kwargs.get("as_json")), now=True)
         except _Terminated:
             _fail(["terminated (SIGTERM)"], "", 128 + signal.SIGTERM, "Terminated", as_json=bool(kwargs.get("as_json")))
         except Exception as err:  # noqa: BLE001 - last resort: one line, never a traceback
@@ -84,15 +84,25 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: bool, **fields: Any) -> NoReturn:
+def _fail(messages: list[str], prefix: str, code: int, error: str, *, as_json: bool, now: bool = False,
+          **fields: Any) -> NoReturn:
     """One line per problem on stderr; with ``--json`` also one object on stdout that a
     script can branch on (error type, and which source, file, line, key); exit ``code``.
-    Every line passes ``redact``: an internal error's text may quote a server's."""
+    Every line passes ``redact``: an internal error's text may quote a server's.
+    ``now`` (Ctrl-C): the exit handlers run, then the process ends without tearing the
+    interpreter down (0.6-1 s after a run on two cores; the user asked to stop)."""
     messages = [redact(line) for line in messages]
     for line in messages:
         click.echo(terminal_line(f"{prefix}{line}"), err=True)
     if as_json and error != "OutputStreamError":
         click.echo(_failure_json(messages, code, error, **fields))
+    if now:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

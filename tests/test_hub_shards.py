@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from conftest import REPO, error_lines, read_audit
 from hubserver import hub_file
 from test_hub_e2e import (  # noqa: F401 (fixture: served)
     REPOS, RULE, Served, lm_head_shard, served, sources)
-from test_resume import files, job_dirs
+from test_resume import files, job_dirs, records
 
 SHARDS = 5  # what max_shard_size 64KB makes of the e2e stand-ins
 
@@ -152,3 +155,40 @@ def test_a_file_changed_on_the_cdn_after_the_plan_fails_only_the_task_reading_it
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["shards_kept"] == kept
     assert_same_output(tmp_path / "out", one_process)  # the kept shards' fetch events came from their records
+
+
+def test_ctrl_c_under_jobs_2_ends_the_run_within_a_second_and_keeps_the_finished_shards(
+        served: Served, sharded_rule: Path, tmp_path: Path) -> None:
+    """The task writing the lm_head shard waits on a CDN trickling the verifier's rows (a
+    byte every 5 s) while the other shards finish; Ctrl-C then kills the workers at once
+    instead of waiting for the running task (about 8 s on a real model before) and the
+    process ends without tearing the interpreter down (0.6-1 s here)."""
+    shard = lm_head_shard(served)
+    out = tmp_path / "out"
+    served.server.misbehave(f"/{REPOS['verifier']}/resolve/*/{shard}", "trickle", host="cdn", skip=1, times=1000,
+                            delay=5.0)
+    argv = [sys.executable, "-m", "ckptxform", "apply", str(sharded_rule), *sources(served, "main"),
+            "--out", str(out), "--jobs", "2"]
+    log = tmp_path / "stderr"
+    # stderr to a file, not a pipe: what is timed is the command's exit, as a shell sees it
+    with log.open("w") as err:
+        proc = subprocess.Popen(argv, env=served.env(tmp_path / "home"), cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while records(out) < SHARDS - 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert records(out) == SHARDS - 1 and proc.poll() is None, log.read_text()
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        served.server.clear_faults()
+        proc.kill()
+    stderr = log.read_text()
+    assert proc.returncode == 130, stderr
+    assert took < 1.0, f"{took:.2f} s from Ctrl-C to exit"
+    assert stderr.splitlines()[-1] == "interrupted", stderr
+    assert f"{SHARDS - 1} finished shard(s) are kept" in stderr
+    assert records(out) == SHARDS - 1

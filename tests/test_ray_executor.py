@@ -24,7 +24,7 @@ from test_hub_shards import (  # noqa: F401 (fixtures: one_process, sharded_rule
 from test_resume import (  # noqa: F401 (fixtures: reference, rules, standins)
     cmdline, command, files, job_dirs, reference, rules, run, run_killing_one, standins)
 
-from ckptxform.errors import OutputError
+from ckptxform.errors import SourceChangedError
 from ckptxform.standins import HeadlineStandins
 
 pytestmark = pytest.mark.ray
@@ -57,6 +57,8 @@ def test_the_cluster_has_two_nodes(cluster: Any) -> None:
 
 def test_output_and_audit_are_the_local_executors(rules: Path, standins: HeadlineStandins, cluster: Any,
                                                    reference: dict[str, str], tmp_path: Path) -> None:
+    """The 13-shard job; each task forbids planning in its worker (tests/test_run_tasks.py),
+    so a run that finishes is one whose Ray workers never planned."""
     out = tmp_path / "out"
     proc = run(on_ray(rules, standins, out, cluster))
     assert proc.returncode == 0, proc.stderr
@@ -97,14 +99,15 @@ def test_a_hub_sources_output_and_audit_are_the_local_executors(
 
 def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_error(
         rules: Path, standins: HeadlineStandins, cluster: Any, tmp_path: Path) -> None:
-    """The drafter's weights change after the run planned them: every task plans again,
-    sees other weights and refuses; the run reports one task's error, naming its shard,
-    and leaves nothing (no shard finished, so there is nothing to resume)."""
+    """The drafter's weights change after the run planned them: every task opens the
+    pinned sources, finds the file's pin moved and refuses; the run reports one task's
+    error, naming its shard and the file, and leaves nothing (no shard finished, so there
+    is nothing to resume)."""
     import shutil
 
     from ckptxform import api
     from ckptxform.engine.run.execute import execute
-    from ckptxform.engine.run.job import RunOptions
+    from ckptxform.engine.run.options import RunOptions
 
     drafter = tmp_path / "drafter"
     shutil.copytree(standins.sources["drafter"], drafter)
@@ -113,18 +116,18 @@ def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_er
         weights = sorted(drafter.glob("*.safetensors"))[0]
         os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
         out = tmp_path / "out"
-        with pytest.raises(OutputError) as caught:
+        with pytest.raises(SourceChangedError) as caught:
             execute(plan, out, progress=False, options=RunOptions(executor="ray", ray_address=cluster.address))
     finally:
         plan.close()
-    assert re.fullmatch(r"shard 'model-000\d\d-of-00013\.safetensors': the sources or rules changed while the run "
-                        r"was going \(a worker planned something else than the run did\); rerun the command",
-                        str(caught.value)), str(caught.value)
+    assert re.fullmatch(rf"shard 'model-000\d\d-of-00013\.safetensors': {re.escape(repr(str(weights.resolve())))} "
+                        r"changed while ckptxform was reading it \(it was written to\); no output was written; "
+                        r"rerun once nothing writes to it", str(caught.value)), str(caught.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]  # no output, no job, no lock
 
 
 def test_tasks_take_the_runs_hub_settings_but_never_its_token() -> None:
-    """A worker must plan against the Hub the run planned against; a token passed to Ray
+    """A worker must read the Hub the run planned against; a token passed to Ray
     would be kept in the cluster's metadata."""
     from ckptxform.engine.run.ray import task_settings
 

@@ -257,9 +257,18 @@ class JobDir:
         except OSError as err:
             raise io_error("removing the interrupted job", path, err) from None
 
-    def _write_atomic(self, path: Path, obj: Any) -> None:
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Write ``obj`` as ``name`` into the job directory, atomically and compactly (the
+        run's plan for its tasks)."""
+        try:
+            self._write_atomic(self.path / name, obj, indent=None)
+        except OSError as err:
+            raise io_error("writing", self.path / name, err) from None
+        return self.path / name
+
+    def _write_atomic(self, path: Path, obj: Any, indent: int | None = 1) -> None:
         part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
-        part.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+        part.write_text(json.dumps(obj, indent=indent) + "\n", encoding="utf-8")
         if self.fsync:
             _fsync(part)
         os.replace(part, path)

@@ -100,8 +100,20 @@ class Plan:
         self.close()
 
 
+#: why this process must not plan (a shard worker executes its task's slice of the run's plan)
+_NO_PLANNING: str | None = None
+
+
+def forbid_planning(why: str) -> None:
+    """Make every later ``build_plan`` in this process an internal error saying ``why``."""
+    global _NO_PLANNING
+    _NO_PLANNING = why
+
+
 def build_plan(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> Plan:
     """Decide the conversion of ``rules`` over opened ``checkpoints`` (name -> Checkpoint)."""
+    if _NO_PLANNING is not None:
+        raise PlanError(f"internal error: this process must not plan: {_NO_PLANNING} (report it)")
     return _Planner(rules, dict(checkpoints)).run()
 
 

@@ -1,7 +1,7 @@
 """Running a planned conversion: its shards by an executor, then the all-or-nothing commit.
 
-Executors: ``local`` (``jobs`` worker processes, or this process when 1) and ``ray``
-(engine/run/ray.py). ``shard_of=(RANK, WORLD)`` writes only the shards whose index
+The shards run by the executor ``options.executor`` names (engine/run/executors.py), each
+task carrying its slice of the plan (engine/run/tasks.py). ``shard_of=(RANK, WORLD)`` writes only the shards whose index
 is RANK modulo WORLD into the job directory and stops there, for a launcher that runs
 WORLD such processes (srun, torchrun, a Kubernetes indexed job); ``finalize`` then
 writes no shard: it checks every shard is finished and commits OUT.
@@ -10,56 +10,37 @@ writes no shard: it checks every shard is finished and commits OUT.
 from __future__ import annotations
 
 import hashlib
-import sys
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from ...errors import OutputError, SourceChangedError, UsageError
+from ...errors import OutputError, SourceChangedError
 from ...log import logger
 from ...sources.pins import check_unchanged
-from ..output.audit import AUDIT_FILE, run_event
-from ..output.digest import RunDigest
+from ..output.audit import AUDIT_FILE, AuditLog, run_event
 from ..output.copied_files import CopiedFile, copy_files
-from .execute import ApplyResult, WrittenTensor, _Audit
+from ..output.digest import RunDigest
 from ..output.jobdir import JobDir, ShardRecord
-from ..plan.layout import OutputLayout
 from ..output.outdir import OutputDir
+from ..plan.layout import OutputLayout
 from ..plan.planner import Plan
-from .tasks import ShardTask, default_jobs, first_etags, run_in_processes, run_inline
+from .executors import EXECUTORS, default_jobs
+from .options import RunOptions
+from .progress import ShardProgress
+from .result import ApplyResult, WrittenTensor
+from .tasks import ShardTask, shard_tasks
 from .writer import write_index, write_json_file
 
-EXECUTORS = ("local", "ray")
+_T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run a plan's shards (see the module docstring)."""
-
-    jobs: int | None = None
-    resume: bool = True
-    executor: str = "local"
-    ray_address: str | None = None
-    shard_of: tuple[int, int] | None = None
-    finalize: bool = False
-
-    def __post_init__(self) -> None:
-        if self.jobs is not None and self.jobs < 1:
-            raise UsageError(f"--jobs must be at least 1, got {self.jobs}")
-        if self.executor not in EXECUTORS:
-            raise UsageError(f"unknown executor {self.executor!r}; choose one of {', '.join(map(repr, EXECUTORS))}")
-        if self.shard_of is not None and not 0 <= self.shard_of[0] < self.shard_of[1]:
-            rank, world = self.shard_of
-            raise UsageError(f"--shard-of {rank}/{world}: RANK must be at least 0 and below WORLD, e.g. 0/4")
-
-
-def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *, force: bool, fsync: bool,
-            digest: RunDigest, identity: dict[str, Any], progress: bool, started: Any) -> ApplyResult:
+def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *, digest: RunDigest,
+            identity: dict[str, Any], started: Any) -> ApplyResult:
     """Write ``plan``'s shards as ``options`` say, then (unless ``shard_of``) commit OUT."""
-    job = JobDir(out, identity, fsync=fsync, rules_path=plan.rules.path)
+    job = JobDir(out, identity, fsync=options.fsync, rules_path=plan.rules.path)
     if options.shard_of is not None:
-        return _write_rank(plan, layout, job, options, progress)
-    with OutputDir(out, force=force, fsync=fsync) as odir:
+        return _write_rank(plan, layout, job, options)
+    with OutputDir(out, force=options.force, fsync=options.fsync) as odir:
         try:
             if options.finalize:
                 records = job.open(layout, resume=True, discard_others=False, must_exist=True)
@@ -74,7 +55,7 @@ def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *,
             else:
                 records = job.open(layout, resume=options.resume)
                 tasks = _tasks(plan, layout, job, records, range(len(layout.shards)))
-                jobs = _run(plan, layout, tasks, records, options, progress)
+                jobs = _run(plan, layout, tasks, records, options)
             written, copied, final = _commit(plan, digest, layout, odir, job, records, started, jobs)
         except BaseException as err:
             if not options.finalize:  # finalize never loses the ranks' shards
@@ -86,7 +67,7 @@ def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *,
                        stale_removed=odir.stale_removed, copied=copied, shards_kept=len(layout.shards) - len(tasks))
 
 
-def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptions, progress: bool) -> ApplyResult:
+def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptions) -> ApplyResult:
     assert options.shard_of is not None
     rank, world = options.shard_of
     mine = range(rank, len(layout.shards), world)
@@ -95,7 +76,7 @@ def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptio
                        mine=[layout.shards[i].file for i in mine])
     tasks = _tasks(plan, layout, job, records, mine)
     try:
-        _run(plan, layout, tasks, records, options, progress)
+        _run(plan, layout, tasks, records, options)
     except BaseException:
         if job.finished_shards():
             logger.warning("{} finished shard(s) are kept in {}: rerun this rank to resume", job.finished_shards(),
@@ -112,40 +93,55 @@ def _tasks(plan: Plan, layout: OutputLayout, job: JobDir, records: dict[str, Sha
     if kept:
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
                     job.path, len(kept), len(indices))
-    etags = first_etags(plan)
-    return [ShardTask(plan.rules, job, i, layout.shards[i].file, etags) for i in indices
-            if layout.shards[i].file not in records]
+    return shard_tasks(plan, layout, job, [i for i in indices if layout.shards[i].file not in records])
 
 
 def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict[str, ShardRecord],
-         options: RunOptions, progress: bool) -> dict[str, Any]:
+         options: RunOptions) -> dict[str, Any]:
     """Run ``tasks`` by the executor of ``options``, adding each record to ``records``; how
     many processes ran them and why (the audit summary's ``jobs``)."""
     workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, len(tasks))
     workers = min(workers, max(1, len(tasks)))
-    bar = _progress_bar(sum(layout.shards[t.index].data_nbytes for t in tasks), progress)
-    inline = options.executor == "local" and workers == 1
+    executor = EXECUTORS[options.executor](options, plan, workers)
+    bar = ShardProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
+    by_file = {t.file: t.index for t in tasks}
 
     def done(record: ShardRecord) -> None:
         records[record.file] = record
-        if bar is not None and not inline:
-            bar.update(record.size)
+        bar.finish(by_file[record.file])
 
     try:
-        if options.executor == "ray":
-            from .ray import run_on_ray
-
-            run_on_ray(tasks, done, address=options.ray_address)
-        elif inline:
-            run_inline(plan, layout, tasks, done, None if bar is None else bar.update)
-        else:
-            run_in_processes(tasks, workers, done)
+        executor.run(tasks, done, bar.update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if options.executor == "ray":
         return {"executor": "ray", "reason": "--executor ray: one task a shard on the cluster"}
     return {"executor": "local", "workers": workers, "reason": why}
+
+
+class _Audit:
+    """The run's audit log. A failed write (a full disk) is one OutputError like any other
+    write to OUT; closing after another failure must not replace that failure with its own."""
+
+    def __init__(self, odir: OutputDir) -> None:
+        self._odir = odir
+        self._log = self._guard(lambda: AuditLog(odir.tmp_path / AUDIT_FILE))
+
+    def event(self, obj: dict[str, Any]) -> None:
+        self._guard(lambda: self._log.event(obj))
+
+    def close(self, *, failing: bool = False) -> None:
+        try:
+            self._log.close()
+        except OSError as err:
+            if not failing:
+                raise self._odir.write_error(AUDIT_FILE, err) from None
+
+    def _guard(self, action: Callable[[], _T]) -> _T:
+        try:
+            return action()
+        except OSError as err:
+            raise self._odir.write_error(AUDIT_FILE, err) from None
 
 
 def _keep_or_remove(job: JobDir, err: BaseException) -> None:
@@ -209,11 +205,3 @@ def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list
     record), in an order no executor changes: by source, then shard."""
     events = [event for shard in layout.shards for event in records[shard.file].fetches]
     return sorted(events, key=lambda event: str(event["source"]))
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="writing", file=sys.stderr)

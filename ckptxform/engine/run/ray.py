@@ -1,15 +1,15 @@
 """``apply --executor ray``: shard tasks on a Ray cluster (the optional ``ray`` extra).
 
 The nodes must share the source and output paths (a shared POSIX filesystem) and have
-ckptxform installed. Each task is a ``ShardTask`` (engine/run/tasks.py): a worker plans
-again from headers, checks its plan is the run's, writes its shard into the job
-directory and returns the shard's record. Ray retries a task whose worker or node is
+ckptxform installed. Each task is a ``ShardTask`` (engine/run/tasks.py): a worker reads
+its slice of the run's plan from the job directory, opens the pinned sources (it never
+plans), writes its shard into the job directory and returns the shard's record. Ray retries a task whose worker or node is
 lost (``max_retries``); a task's own error is not retried and becomes one ckptxform
 error naming the shard (``shards.shard_error``). With no address (no ``--ray-address``,
 no ``RAY_ADDRESS``) a local Ray instance is started for the run and stopped after it, as
 ``ray.init()`` does.
 Tasks run with the run's ``HF_*`` and ``CKPTXFORM_*`` settings (which Hub, which cache,
-offline or not: a worker must plan against the Hub the run planned against), never with
+offline or not: a worker must read the Hub the run planned against), never with
 ``HF_TOKEN``: a token would be kept in the cluster's metadata; each node authenticates
 with its own.
 """

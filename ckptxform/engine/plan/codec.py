@@ -1,0 +1,81 @@
+"""Plan values <-> JSON-able data, through a registry of the classes a codec admits.
+
+``Codec(classes).encode(value)`` turns dataclasses of those classes, tuples, lists,
+dicts (any hashable keys), bytes, paths and ops (named by verb) into plain JSON data;
+``decode`` rebuilds them and refuses anything else, naming it: a job file someone edited
+can hold wrong values (each class's own checks then refuse them, and a worker checks its
+sources against the pins), never a class or code to run.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ...errors import OutputError
+
+
+class Codec:
+    def __init__(self, classes: Iterable[type], ops: dict[str, Any]) -> None:
+        self._classes = {cls.__name__: cls for cls in classes}
+        self._ops = ops
+
+    def encode(self, value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, tuple):
+            return {"tuple": [self.encode(v) for v in value]}
+        if isinstance(value, list):
+            return {"list": [self.encode(v) for v in value]}
+        if isinstance(value, dict):
+            return {"dict": [[self.encode(k), self.encode(v)] for k, v in value.items()]}
+        if isinstance(value, bytes):
+            return {"bytes": base64.b64encode(value).decode("ascii")}
+        if isinstance(value, Path):
+            return {"path": str(value)}
+        verb = getattr(type(value), "verb", None)
+        if isinstance(verb, str) and self._ops.get(verb) is value:
+            return {"op": verb}
+        name = type(value).__name__
+        if self._classes.get(name) is not type(value):
+            raise TypeError(f"the plan codec does not admit {type(value).__qualname__}")
+        return {"type": name, "fields": {f.name: self.encode(getattr(value, f.name))
+                                         for f in dataclasses.fields(value) if f.init}}
+
+    def decode(self, data: Any, where: str) -> Any:
+        if data is None or isinstance(data, (bool, int, float, str)):
+            return data
+        if not isinstance(data, dict) or len(data) not in (1, 2):
+            raise self._refused(data, where)
+        if "tuple" in data:
+            return tuple(self.decode(v, where) for v in data["tuple"])
+        if "list" in data:
+            return [self.decode(v, where) for v in data["list"]]
+        if "dict" in data:
+            return {self.decode(k, where): self.decode(v, where) for k, v in data["dict"]}
+        if "bytes" in data:
+            return base64.b64decode(data["bytes"], validate=True)
+        if "path" in data:
+            return Path(data["path"])
+        if "op" in data:
+            if data["op"] not in self._ops:
+                raise self._refused(data, where)
+            return self._ops[data["op"]]
+        cls = self._classes.get(data.get("type"))  # type: ignore[arg-type]
+        if cls is None or not isinstance(data.get("fields"), dict):
+            raise self._refused(data, where)
+        fields = {name: self.decode(v, where) for name, v in data["fields"].items()}
+        try:
+            return cls(**fields)
+        except (TypeError, ValueError) as err:  # fields it lacks or does not have; values it refuses
+            raise OutputError(f"{where}: not a {cls.__name__} of a plan: {err}; remove the file and rerun",
+                              path=where) from None
+
+    @staticmethod
+    def _refused(data: Any, where: str) -> OutputError:
+        text = repr(data)
+        return OutputError(f"{where}: {text[:80]}{'...' if len(text) > 80 else ''} is not a value a plan holds "
+                           "(the file was edited or is not ckptxform's); remove it and rerun", path=where)

@@ -1,0 +1,201 @@
+"""A shard task's slice of the plan, and the sources a worker opens to execute it.
+
+The parent plans once and saves the ``RunPlan`` of its tasks in the job directory
+(``plan.json``, JSON through ``CODEC``, which admits only the classes listed: a tampered
+file cannot run code): for each shard the layout, the output plans of its tensors (their
+recipes: byte and block programs, ops named by verb) and every source tensor they read
+as the parent's header described it; for all, the vocabulary maps, the local files'
+pins and the Hub files' ETags. A worker opens the pinned sources itself
+(``open_pinned``: a local path, a Hub repo at the run's commit) and refuses, naming the
+file, a source that cannot be opened or that changed since the run planned: it never
+plans again, so it needs no rule file and imports no planner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ...errors import OutputError, SourceChangedError
+from ...ops import OPS
+from ...ops.base import Block, Run, View
+from ...rules.model import MissingRows
+from ...sources.base import Checkpoint, TensorInfo
+from ...sources.pins import FilePin, changed_error
+from ...vocab import VocabMap
+from ...where import Where
+from ..output.jobdir import JobDir
+from ..plan.codec import Codec
+from ..plan.gather import GatherRows
+from ..plan.layout import OutputTensorSpec, ShardLayout, TensorPlacement
+from ..plan.planner import Plan
+from ..plan.recipes import (
+    BlockProgram,
+    ByteProgram,
+    CopyTensor,
+    OutputPlan,
+    TensorRef,
+    VocabField,
+)
+
+
+@dataclass(frozen=True)
+class PinnedSource:
+    """How a worker opens one source of the run: a local ``location``, or Hub ``repo`` at ``commit``."""
+
+    name: str
+    location: str
+    repo: str | None = None
+    #: the revision the run was given (a branch, a tag) and the commit it resolved to
+    revision: str | None = None
+    commit: str | None = None
+    policy: str = "auto"
+
+    @classmethod
+    def of(cls, name: str, ckpt: Checkpoint) -> PinnedSource:
+        if ckpt.commit is None:
+            return cls(name, ckpt.location)
+        # a Hub source (the only kind with a commit, a HubCheckpoint): reopened at the commit the run resolved
+        return cls(name, ckpt.location, repo=ckpt.repo_id,  # type: ignore[attr-defined]
+                   revision=ckpt.revision, commit=ckpt.commit,
+                   policy=ckpt.policy)  # type: ignore[attr-defined]
+
+    def open(self) -> Checkpoint:
+        if self.commit is None:
+            from ...sources.resolve import open_location
+
+            return open_location(self.location, name=self.name)
+        from ...sources.hub.checkpoint import open_hub
+
+        assert self.repo is not None
+        ckpt = open_hub(self.repo, self.commit, name=self.name, policy=self.policy, location=self.location)
+        ckpt.revision = self.revision  # messages and records name the revision as the run does
+        return ckpt
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What one shard task executes: the shard's layout, its outputs and what they read."""
+
+    shard: ShardLayout
+    outputs: tuple[OutputPlan, ...]
+    #: (source, key) -> the tensor as the run's plan read its header
+    reads: Mapping[tuple[str, str], TensorInfo]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The shard plans of a run's tasks (by file) and what they share: how to open the
+    sources, the vocabulary maps, the pins and ETags the run read."""
+
+    shards: Mapping[str, ShardPlan]
+    sources: Mapping[str, PinnedSource]
+    #: every vocabulary map of the plan (a recipe names the one it streams)
+    vocab_maps: Mapping[str, VocabMap] = field(default_factory=dict)
+    #: the local files the run had read when it planned (source -> pins)
+    pins: Mapping[str, tuple[FilePin, ...]] = field(default_factory=dict)
+    #: source -> file -> ETag of the first bytes the run was served of it (Hub sources)
+    etags: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+def slice_plan(plan: Plan, shards: list[ShardLayout], etags: Mapping[str, Mapping[str, str]]) -> RunPlan:
+    """The part of ``plan`` that writes ``shards``."""
+    by_key = {o.key: o for o in plan.outputs}
+    works = {}
+    for shard in shards:
+        outputs = tuple(by_key[p.spec.key] for p in shard.tensors)
+        reads: dict[tuple[str, str], TensorInfo] = {}
+        for out in outputs:
+            refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
+            refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(plan)]
+            for source, key in refs:
+                reads[(source, key)] = plan.checkpoints[source].tensors[key]
+        works[shard.file] = ShardPlan(shard, outputs, reads)
+    names = sorted({source for work in works.values() for source, _ in work.reads})
+    return RunPlan(shards=works, sources={n: PinnedSource.of(n, plan.checkpoints[n]) for n in names},
+                   vocab_maps=plan.vocab_maps, pins={n: plan.checkpoints[n].pins() for n in names},
+                   etags={n: etags[n] for n in names if n in etags})
+
+
+@dataclass
+class OpenSources:
+    """The ``Sources`` a worker's recipes read through: its own open checkpoints."""
+
+    checkpoints: dict[str, Checkpoint]
+    vocab_maps: dict[str, VocabMap]
+
+    def close(self) -> None:
+        for ckpt in self.checkpoints.values():
+            ckpt.close()
+
+
+def open_pinned(run: RunPlan, work: ShardPlan, opened: dict[str, Checkpoint]) -> OpenSources:
+    """The sources ``work`` reads, opened (or taken from ``opened``, this worker's earlier
+    ones, which it extends) and checked to be what the run planned against."""
+    names = sorted({source for source, _ in work.reads})
+    for name in names:
+        if name not in opened:
+            ckpt = opened[name] = run.sources[name].open()
+            ckpt.expect_etags(run.etags.get(name, {}))
+    checkpoints = {name: opened[name] for name in names}
+    for (source, key), then in work.reads.items():
+        now = checkpoints[source].tensors.get(key)
+        if now != then:
+            what = "no longer has it" if now is None else f"now describes it as {_header(now)}"
+            raise SourceChangedError(
+                f"source {source!r} changed since the run planned: tensor {key!r} of {then.file!r} was "
+                f"{_header(then)}, the file {what}; rerun the command", path=then.file, source=source)
+    for source in names:
+        mine = {pin.path: pin for pin in checkpoints[source].pins()}
+        for pin in run.pins.get(source, ()):
+            moved = pin.difference(mine[pin.path]) if pin.path in mine else None
+            if moved is not None:
+                raise changed_error(pin.path, moved)
+    return OpenSources(checkpoints, dict(run.vocab_maps))
+
+
+def _header(info: TensorInfo) -> str:
+    return f"{info.dtype} {list(info.shape)} at byte {info.offset}"
+
+
+#: what a run plan holds, and nothing else decodes from a job's plan file
+CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
+               OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, GatherRows, VocabField,
+               TensorRef, View, Run, Block, MissingRows, Where], OPS)
+
+
+def save_run_plan(job: JobDir, run: RunPlan) -> str:
+    """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
+    the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
+    name = f"plan-{os.uname().nodename}-{os.getpid()}.json"
+    job.write_json(name, {"format": 1, "plan": CODEC.encode(run)})
+    return name
+
+
+def load_run_plan(job: JobDir, name: str) -> RunPlan:
+    """The run plan saved as ``name`` in ``job`` (decoded once per process and file)."""
+    path = job.path / name
+    try:
+        stat = path.stat()
+        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        text = path.read_bytes() if key not in _LOADED else b""
+    except OSError as err:
+        raise OutputError(f"cannot read the run's plan {str(path)!r}: {err.strerror or err} (the job directory "
+                          "must be on a filesystem every worker shares)", path=str(path)) from None
+    if key not in _LOADED:
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise OutputError(f"{path}: not valid JSON ({err}); remove it and rerun", path=str(path)) from None
+        run = CODEC.decode(data.get("plan") if isinstance(data, dict) and data.get("format") == 1 else data,
+                           str(path))
+        if not isinstance(run, RunPlan):
+            raise OutputError(f"{path}: holds no run plan; remove it and rerun", path=str(path))
+        _LOADED.clear()  # one run at a time per process
+        _LOADED[key] = run
+    return _LOADED[key]
+
+
+_LOADED: dict[tuple[str, int, int, int, int], RunPlan] = {}

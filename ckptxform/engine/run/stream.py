@@ -1,0 +1,111 @@
+"""Streaming a shard's outputs into its writer: kernel copies of local byte runs on one
+thread, everything that goes through Python (gathers, casts, block ops, remote reads) on
+another. Reads only through ``Sources`` (the plan's open sources, or a worker's)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import groupby
+
+from ...dtypes import DTYPE_SIZES
+from ...ops.decode import cast_bytes
+from ..plan.recipes import Chunk, OutputPlan, Piece, Sources
+from .writer import ShardWriter
+
+
+def _cast_stream(chunks: Iterator[Chunk], src: str, dst: str) -> Iterator[Chunk]:
+    size = DTYPE_SIZES[src]
+    for chunk in chunks:
+        assert len(chunk) % size == 0
+        yield cast_bytes(chunk, src, dst)
+
+
+def _execution_order(outputs: list[OutputPlan], plan: Sources) -> list[OutputPlan]:
+    """What reads whole local tensors in source-file order (sequential reads), then the rest."""
+    return sorted(outputs, key=lambda o: (*o.recipe.read_order(plan), o.key))
+
+
+def local_pieces(out: OutputPlan, plan: Sources) -> Iterator[Piece] | None:
+    """``out``'s bytes as kernel copies from local files, when it is made of such (no cast)."""
+    return out.recipe.local_pieces(plan) if out.dtype == out.input_dtype else None
+
+
+def write_outputs(outputs: list[OutputPlan], plan: Sources, writer: ShardWriter,
+                  progress: Callable[[int], None] | None) -> None:
+    """Produce the bytes of ``outputs`` into ``writer``: kernel copies (I/O) on this
+    thread, gathers, casts and block ops (Python) on another, so that on two cores they overlap."""
+    _prefetch(plan, outputs)
+    ordered = [(o, local_pieces(o, plan)) for o in _execution_order(outputs, plan)]
+    copies = [(o, local) for o, local in ordered if local is not None]
+    streamed = [o for o, local in ordered if local is None]
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
+        background = pool.submit(_write_streamed, streamed, plan, writer, progress, stop)
+        try:
+            _write_copies(copies, writer, progress, stop)
+            background.result()
+        except BaseException:
+            stop.set()  # the other thread stops at its next chunk; the pool waits for it
+            raise
+
+
+def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter,
+                  progress: Callable[[int], None] | None, stop: threading.Event) -> None:
+    """Byte runs of local files: in the kernel, never through Python memory (short runs
+    between them through a small buffer). Consecutive runs of one file go to the writer
+    together, which copies them with one system call each and no more."""
+    for o, pieces in outputs:
+        for path, group in groupby(pieces, key=lambda piece: piece[0] if isinstance(piece, tuple) else None):
+            if stop.is_set():
+                return
+            if path is None:
+                for chunk in group:
+                    writer.write(o.key, chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+                continue
+            runs = [(offset, length) for _, offset, length in group]
+            writer.copy_runs(o.key, path, runs)
+            if progress is not None:
+                progress(sum(length for _, length in runs))
+        writer.finish_tensor(o.key)
+
+
+def _write_streamed(outputs: list[OutputPlan], plan: Sources, writer: ShardWriter,
+                    progress: Callable[[int], None] | None, stop: threading.Event) -> None:
+    """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
+    try:
+        for o in outputs:
+            chunks = o.recipe.stream(plan)
+            if o.dtype != o.input_dtype:
+                chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                writer.write(o.key, chunk)
+                if progress is not None:
+                    progress(len(chunk))
+            writer.finish_tensor(o.key)
+    except BaseException:
+        stop.set()  # the copying thread stops at its next tensor
+        raise
+
+
+def _prefetch(plan: Sources, outputs: list[OutputPlan]) -> None:
+    """Tell each source which tensors of ``outputs`` will be copied whole and which rows
+    gathered (Hub sources fetch them, by ranges or a download, and remember how: the
+    audit's ``fetch`` events, written at the commit)."""
+    tensors: dict[str, set[str]] = {}
+    rows: dict[str, dict[str, list[int]]] = {}
+    for o in outputs:
+        for source, key, wanted in o.recipe.prefetch_reads(plan):
+            if wanted is None:
+                tensors.setdefault(source, set()).add(key)
+            else:
+                rows.setdefault(source, {}).setdefault(key, []).extend(wanted)
+    for name in sorted(set(tensors) | set(rows)):
+        plan.checkpoints[name].prefetch((), tensors=sorted(tensors.get(name, ())), rows=rows.get(name, {}))
+
+
