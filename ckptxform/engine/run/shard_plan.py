@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ...errors import OutputError, SourceChangedError
 from ...ops import OPS
 from ...ops.base import Block, Run, View
+from ...ops.rows import FILL_ROWS
 from ...rules.model import MissingRows
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin, changed_error
@@ -28,7 +29,6 @@ from ...vocab import VocabMap
 from ...where import Where
 from ..output.jobdir import JobDir
 from ..plan.codec import Codec
-from ..plan.gather import GatherRows
 from ..plan.layout import OutputTensorSpec, ShardLayout, TensorPlacement
 from ..plan.planner import Plan
 from ..plan.recipes import (
@@ -36,6 +36,8 @@ from ..plan.recipes import (
     ByteProgram,
     CopyTensor,
     OutputPlan,
+    RowAccount,
+    RowsOrigin,
     TensorRef,
     VocabField,
 )
@@ -162,8 +164,9 @@ def _header(info: TensorInfo) -> str:
 
 #: what a run plan holds, and nothing else decodes from a job's plan file
 CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
-               OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, GatherRows, VocabField,
-               TensorRef, View, Run, Block, MissingRows, Where], OPS)
+               OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
+               VocabField, TensorRef, View, Run, Block, MissingRows, Where],
+              {**OPS, FILL_ROWS.verb: FILL_ROWS})  # fill_rows: made by permute_rows, not a verb of ops:
 
 
 def save_run_plan(job: JobDir, run: RunPlan) -> str:
