@@ -122,6 +122,12 @@ class Recipe(ABC):
         they cannot all be had that way."""
         return None
 
+    def unchanged_copy(self, plan: Sources) -> tuple[str, str, int] | None:
+        """``(source, file, offset)`` when the output is one source tensor's bytes, whole and
+        unchanged (what the output layout lines up for cloning); None otherwise. Read from
+        headers only, so the layout is the same for a local and a Hub source."""
+        return None
+
     def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
         """Sort key: what reads whole local tensors goes first, in source-file order."""
         return (1, "", "", 0)
@@ -215,6 +221,16 @@ class ByteRecipe(Recipe):
                 small.append(run)
         if small:
             yield from _SmallRuns(self, small).stream(plan)
+
+    def unchanged_copy(self, plan: Sources) -> tuple[str, str, int] | None:
+        runs = self.runs(plan)
+        if len(runs) != 1 or runs[0].input < 0 or runs[0].start != 0:
+            return None
+        item = self.sources()[runs[0].input]
+        if not isinstance(item, TensorRef):
+            return None
+        info = item.info(plan)
+        return (item.source, info.file, info.offset) if info.offset >= 0 and runs[0].length == info.nbytes else None
 
     def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
         if any(isinstance(item, Block) for item in self.sources()):

@@ -26,7 +26,6 @@ from .executors import check_executor
 from .job import run_job
 from .options import RunOptions
 from .result import ApplyResult, WrittenTensor
-from .stream import local_pieces
 
 __all__ = ["ApplyResult", "WrittenTensor", "execute", "layout_of"]
 
@@ -39,14 +38,14 @@ def layout_of(plan: Plan) -> OutputLayout:
 
 
 def _copied_from(plan: Plan) -> dict[str, tuple[str, int]]:
-    """The source file and offset of every output that is one unchanged run of a local
-    file: the layout lines these up so that the writer can clone them."""
+    """``source:file`` and offset of every output that is one source tensor's bytes unchanged:
+    the layout lines these up so that the writer can clone them. From headers only (not
+    from where the files are), so a local and a Hub run of one plan write the same bytes."""
     copied = {}
     for o in plan.outputs:
-        pieces = local_pieces(o, plan)
-        first = next(pieces, None) if pieces is not None else None
-        if isinstance(first, tuple) and first[2] == o.nbytes:
-            copied[o.key] = (str(first[0]), first[1])
+        found = o.recipe.unchanged_copy(plan) if o.dtype == o.input_dtype else None
+        if found is not None:
+            copied[o.key] = (f"{found[0]}:{found[1]}", found[2])
     return copied
 
 
