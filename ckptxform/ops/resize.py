@@ -53,14 +53,11 @@ class ResizeRows(BlockOp):
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
                rows: range | None = None) -> Iterator[bytes | memoryview]:
-        import torch
-
-        from ..dtypes import torch_dtype
-        from .decode import tensor_bytes
+        from .decode import mean_row, require_torch, tensor_bytes
 
         (source,) = inputs
         have, width = source.view.shape[0], source.view.nbytes // source.view.shape[0]
-        row_shape, dtype = source.view.shape[1:], torch_dtype(block.dtype)
+        row_shape = tuple(source.view.shape[1:])
         wanted = rows if rows is not None else range(block.shape[0])
         step = max(1, chunk_bytes // max(1, width))
         for first in range(wanted.start, min(wanted.stop, have), step):
@@ -69,15 +66,15 @@ class ResizeRows(BlockOp):
         if start >= wanted.stop:
             return
         if block.args["fill"] == "mean":
-            total = torch.zeros(row_shape, dtype=torch.float64)
-            for first in range(0, have, step):
-                count = min(step, have - first)
-                chunk = torch.frombuffer(bytearray(source.read(first * width, count * width)), dtype=dtype)
-                total += chunk.reshape(count, *row_shape).to(torch.float64).sum(0)
-            mean = tensor_bytes((total / have).to(dtype))
+            chunks = (source.read(first * width, min(step, have - first) * width) for first in range(0, have, step))
+            mean = mean_row(chunks, block.dtype, row_shape, have)
             for first in range(start, wanted.stop, step):
                 yield mean * (min(step, wanted.stop - first))
             return
+        torch = require_torch("fill: normal (torch's seeded generator)")
+        from ..dtypes import torch_dtype
+
+        dtype = torch_dtype(block.dtype)
         generator = torch.Generator().manual_seed(block.args["seed"])
         for first in range(have, wanted.stop, step):  # from the first new row: the same values for any `rows`
             count = min(step, wanted.stop - first)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PlanError, printable
-from ...ops.decode import cast_bytes, tensor_bytes
+from ...ops.decode import cast_bytes, mean_row, require_torch, tensor_bytes
 from ...rules.model import MissingRows
 from ...sources.base import TensorInfo
 from .recipes import Chunk, Piece, Recipe, Sources, TensorRef, rows_per_chunk
@@ -196,26 +196,16 @@ class _Filler:
                 buf[pos * width:(pos + 1) * width] = raw[i * width:(i + 1) * width]
 
     def _mean_row(self) -> bytes:
-        import torch
-
-        from ...dtypes import torch_dtype
-
         ckpt = self.plan.checkpoints[self.recipe.source]
         info = ckpt.tensors[self.recipe.key]
         present = sorted({r for r in self.recipe.rows if r >= 0})
-        total = torch.zeros(self.row_shape, dtype=torch.float64)
         block = rows_per_chunk(self.width)
-        for i in range(0, len(present), block):
-            chunk = ckpt.read_rows(info, present[i:i + block])
-            for raw in chunk.values():
-                # summed in float64: torch does not promote float8 rows
-                total += torch.frombuffer(bytearray(raw), dtype=torch_dtype(self.dtype)).reshape(
-                    self.row_shape).to(torch.float64)
-        mean = (total / max(1, len(present))).to(torch_dtype(self.dtype))
-        return tensor_bytes(mean)
+        chunks = (raw for i in range(0, len(present), block)
+                  for raw in ckpt.read_rows(info, present[i:i + block]).values())
+        return mean_row(chunks, self.dtype, tuple(self.row_shape), len(present))
 
     def _normal(self, count: int, std: float, seed: int) -> bytes:
-        import torch
+        torch = require_torch("init: normal (torch's seeded generator)")
 
         from ...dtypes import torch_dtype
 
