@@ -117,6 +117,14 @@ def numpy_dtype(dtype: str) -> Any:
     return np.dtype("bool" if dtype == "BOOL" else _TORCH_NAMES[dtype]).newbyteorder("<")
 
 
+def from_numpy_dtype(dt: Any) -> str:
+    """The safetensors dtype name for a numpy (or ml_dtypes) dtype."""
+    for name in _TORCH_NAMES:
+        if numpy_dtype(name) == dt:
+            return name
+    raise ValueError(f"numpy dtype {dt} has no safetensors name")
+
+
 def torch_dtype(dtype: str) -> Any:
     """The torch dtype for a decodable safetensors dtype name (imports torch)."""
     import torch
