@@ -94,9 +94,13 @@ def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
     rows = _whole_rows(len(weight), layout.cols, 1, "FP8 weight")
     _expect(len(scale_inv), layout.scale_rows(rows) * layout.scale_cols * 4, "F32 scale_inv rows")
     _check_out(out_dtype)
+    import numpy as np
+
+    nan = (np.frombuffer(weight, dtype=np.uint8) | np.uint8(0x80)) == np.uint8(0xFF)  # 0x7F/0xFF
+    nan = nan if nan.any() else None
     with np_errors_ignored():  # inf and NaN scales make inf and NaN values, not errors
-        out = backend().fp8(weight, scale_inv, layout, rows, out_dtype)
-    return _canonical_nans(out, out_dtype)
+        out = backend().fp8(weight, scale_inv, layout, rows, out_dtype, nan)
+    return _canonical_nans(out, out_dtype, nan is not None or not _finite(scale_inv, "F32"))
 
 
 def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
@@ -124,7 +128,7 @@ def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
     _check_out(out_dtype)
     with np_errors_ignored():
         out = backend().int4(packed, scale, layout, rows, zero_point, out_dtype)
-    return _canonical_nans(out, out_dtype)
+    return _canonical_nans(out, out_dtype, not _finite(scale, layout.scale_dtype))
 
 
 def backend() -> Any:
@@ -159,14 +163,22 @@ _NAN_BITS = {"BF16": ("<u2", 0x7FFF, 0x7F80, 0x7FC0), "F16": ("<u2", 0x7FFF, 0x7
              "F32": ("<u4", 0x7FFFFFFF, 0x7F800000, 0x7FC00000)}
 
 
-def _canonical_nans(out: np.ndarray, out_dtype: str) -> memoryview:
+def _finite(raw: Buffer, dtype: str) -> bool:
+    """Whether every F32/F16/BF16 value in ``raw`` is finite (a scale row: small)."""
+    import numpy as np
+
+    view, magnitude, inf, _ = _NAN_BITS[dtype]
+    return bool(((np.frombuffer(raw, dtype=view) & magnitude) < inf).all())
+
+
+def _canonical_nans(out: np.ndarray, out_dtype: str, maybe: bool) -> memoryview:
     """The output bytes, read-only, with every NaN the dtype's one quiet NaN: the
-    backends' NaN payloads differ (torch's even with the array's length), the values not."""
-    view, magnitude, inf, nan = _NAN_BITS[out_dtype]
-    bits = out.view(view)
-    found = (bits & magnitude) > inf
-    if found.any():
-        bits[found] = nan
+    backends' NaN payloads differ (torch's even with the array's length), the values
+    not. Only a NaN weight byte or a non-finite scale can make a NaN (``maybe``)."""
+    if maybe:
+        view, magnitude, inf, nan = _NAN_BITS[out_dtype]
+        bits = out.view(view)
+        bits[(bits & magnitude) > inf] = nan
     return memoryview(out).toreadonly()
 
 

@@ -19,11 +19,12 @@ from .kernels import Fp8Block, Int4Groups
 Buffer = bytes | bytearray | memoryview
 
 
-def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str) -> np.ndarray:
+def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
+        nan: np.ndarray | None) -> np.ndarray:
     blocks = layout.scale_rows(rows)
     s = np.frombuffer(scale_inv, dtype="<f4").reshape(blocks, layout.scale_cols)
     raw = np.frombuffer(weight, dtype=np.int8)
-    out = _decode_e4m3(raw).reshape(rows, layout.cols)
+    out = _decode_e4m3(raw, nan).reshape(rows, layout.cols)
     # The decoded values are the weights times 2**-120. Folding 2**120 into the scales
     # saves a pass and changes no bit: both factors are exact, so their product is the
     # same real number, rounded once, as long as the scaled scales do not overflow.
@@ -73,7 +74,7 @@ def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_poin
 _SCALE_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
 
-def _decode_e4m3(raw: np.ndarray) -> np.ndarray:
+def _decode_e4m3(raw: np.ndarray, nan: np.ndarray | None) -> np.ndarray:
     """float32 values of e4m3fn bytes (given as int8) TIMES 2**-120, exactly, in a
     per-thread scratch buffer: three vectorised integer passes (a 256-entry table
     lookup is 5x slower in numpy).
@@ -81,16 +82,15 @@ def _decode_e4m3(raw: np.ndarray) -> np.ndarray:
     Sign-extended to int32 and shifted left by 20, a byte's sign lands in bit 31 (bits
     27-31 are copies of it) and its exponent and mantissa in bits 23-26 and 20-22: masked,
     that is the float32 of the same value times 2**-120 (subnormals included, as the two
-    formats' subnormals differ by the same power of two). The NaN bytes 0x7F/0xFF are
-    found by a byte pass and set to NaN.
+    formats' subnormals differ by the same power of two). ``nan`` marks the NaN bytes
+    0x7F/0xFF (found by ``kernels``), set to NaN.
     """
     bits = _scratch(raw.size, np.int32)
     np.copyto(bits, raw)
     bits <<= 20
     bits &= _E4M3_MASK
     values = bits.view(np.float32)
-    nan = (raw.view(np.uint8) | np.uint8(0x80)) == np.uint8(0xFF)
-    if nan.any():
+    if nan is not None:
         values[nan] = np.nan
     return values
 

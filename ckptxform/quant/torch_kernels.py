@@ -19,10 +19,11 @@ from .kernels import Fp8Block, Int4Groups
 Buffer = bytes | bytearray | memoryview
 
 
-def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str) -> np.ndarray:
+def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
+        nan: np.ndarray | None) -> np.ndarray:
     blocks = layout.scale_rows(rows)
     s = _as_tensor(scale_inv, torch.float32).view(blocks, layout.scale_cols)
-    out = _decode_e4m3(_as_tensor(weight, torch.int8), rows * layout.cols).view(rows, layout.cols)
+    out = _decode_e4m3(_as_tensor(weight, torch.int8), rows * layout.cols, nan).view(rows, layout.cols)
     # The decoded values are the weights times 2**-120. Folding 2**120 into the scales
     # saves a pass and changes no bit: both factors are exact, so their product is the
     # same real number, rounded once, as long as the scaled scales do not overflow.
@@ -63,18 +64,17 @@ def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_poin
     return _to_bytes(values, out_dtype, copy=False)
 
 
-def _decode_e4m3(raw: torch.Tensor, n: int) -> torch.Tensor:
+def _decode_e4m3(raw: torch.Tensor, n: int, nan: np.ndarray | None) -> torch.Tensor:
     """float32 values of ``n`` e4m3fn bytes (given as int8) TIMES 2**-120, exactly, in a
     per-thread scratch buffer: torch's own float8 -> float32 conversion is a scalar loop
-    here (~5x slower). The bit trick is numpy_kernels._decode_e4m3's; the NaN bytes
-    0x7F/0xFF are set to NaN."""
+    here (~5x slower). The bit trick is numpy_kernels._decode_e4m3's; ``nan`` marks the
+    NaN bytes 0x7F/0xFF (found by ``kernels`` with numpy: torch's uint8 ops are ~60x slower)."""
     bits = _scratch(n)
     bits.copy_(raw)
     bits.bitwise_left_shift_(20).bitwise_and_(_E4M3_MASK)
     values = bits.view(torch.float32)
-    nan = (raw.view(torch.uint8) | 0x80) == 0xFF
-    if bool(nan.any()):
-        values[nan] = float("nan")
+    if nan is not None:
+        values[torch.from_numpy(nan)] = float("nan")
     return values
 
 
