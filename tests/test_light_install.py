@@ -132,3 +132,16 @@ def test_what_needs_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     done = ckptxform("inspect", str(pickled))
     assert done.returncode != 0 and "pip install 'ckptxform[torch]'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("rule", ["aqmedai_k2_to_k25", "compressed_int4_to_bf16"])
+def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
+    done = ckptxform("demo", rule, "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    apply = next(line.removeprefix("$ ") for line in done.stdout.splitlines() if line.startswith("$ ckptxform apply "))
+    args = [a.strip("'") for a in apply.split()[1:]]  # the demo's paths hold no spaces (tmp_path)
+    if "--out" in args:  # our own OUT, not the demo's
+        args = args[:args.index("--out")]
+    converted = ckptxform(*args, "--out", str(tmp_path / "out"))
+    assert converted.returncode == 0, converted.stderr
+    assert ckptxform("verify", str(tmp_path / "out")).returncode == 0
