@@ -18,6 +18,10 @@ Contenders, each in its own process, alternating, from a warm page cache:
 Throughput is GB/s of output (bf16 bytes written) per wall second; peak RSS from GNU time.
 Last, ``ckptxform apply`` runs on two FP8 sources whose largest tensor differs 4x
 (264 MB and 1 GB of bf16): its peak RSS must not follow.
+
+``--kernels`` times the block kernels alone instead (one thread, a [512, 7168] block of
+the real widths, best of 8, alternating): the torch backend against the numpy one (the
+light install's), the bytes checked equal.
 """
 
 from __future__ import annotations
@@ -179,6 +183,46 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
                            "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
 
 
+def kernel_figures(reps: int = 8) -> list[str]:
+    """GB/s of bf16 output of one block kernel call on one thread, per backend."""
+    import numpy as np
+
+    from ckptxform.quant import kernels, numpy_kernels, torch_kernels
+    from ckptxform.quant.kernels import Fp8Block, Int4Groups, dequant_fp8_rows, dequant_int4_rows
+
+    rows, cols, rng = 512, 7168, np.random.default_rng(0)
+    w = rng.integers(0, 256, rows * cols, dtype=np.uint8)
+    w[(w & 0x7F) == 0x7F] = 0x3C  # no NaN: the common case
+    weight = w.tobytes()
+    fp8_scale = (rng.random((4, 56), dtype=np.float32) * 0.01).tobytes()
+    packed = rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32).tobytes()
+    f32_scale = rng.random((rows, cols // 32), dtype=np.float32)
+    bf16_scale = (f32_scale.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # truncated: any bf16 will do
+    cases = {
+        "FP8 block 128": lambda: dequant_fp8_rows(weight, fp8_scale, Fp8Block(cols, 128, 128)),
+        "int4 group 32, BF16 scale": lambda: dequant_int4_rows(packed, bf16_scale, Int4Groups(cols, 32, "BF16")),
+        "int4 group 32, F32 scale": lambda: dequant_int4_rows(packed, f32_scale.tobytes(), Int4Groups(cols, 32, "F32")),
+    }
+    backends = {"torch": torch_kernels, "numpy": numpy_kernels}
+    lines = ["## block kernels alone (one thread, [512, 7168], GB/s of bf16 output, best of "
+             f"{reps})", "", "| kernel | torch | numpy |", "|---|---|---|"]
+    import torch
+
+    torch.set_num_threads(1)
+    for name, case in cases.items():
+        best: dict[str, float] = {b: 1e9 for b in backends}
+        outs = {}
+        for _ in range(reps):
+            for b, module in backends.items():
+                kernels.backend = lambda m=module: m
+                t0 = time.perf_counter()
+                outs[b] = bytes(case())
+                best[b] = min(best[b], time.perf_counter() - t0)
+        assert outs["torch"] == outs["numpy"], f"{name}: the backends' bytes differ"
+        lines.append(f"| {name} | " + " | ".join(f"{rows * cols * 2 / best[b] / 1e9:.2f}" for b in backends) + " |")
+    return [*lines, ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2GB", help="quantized weights per format (default 2GB)")
@@ -187,7 +231,11 @@ def main() -> None:
     ap.add_argument("--skip-rss", action="store_true", help="skip the peak-RSS-against-tensor-size probe")
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
+    ap.add_argument("--kernels", action="store_true", help="time the block kernels alone, per backend")
     args = ap.parse_args()
+    if args.kernels:
+        print("\n".join(kernel_figures()))
+        return
     report = [f"# ckptxform dequant benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
               f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.reps} repetitions", ""]
     figures: dict[str, object] = {}

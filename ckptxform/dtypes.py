@@ -1,4 +1,4 @@
-"""safetensors dtype names and their sizes; the torch mapping is imported lazily."""
+"""safetensors dtype names and their sizes; the numpy and torch mappings are imported lazily."""
 
 from __future__ import annotations
 
@@ -103,6 +103,26 @@ def cast_problem(src: str, dst: str) -> str | None:
 
 def is_float(dtype: str) -> bool:
     return dtype in _FLOAT_EXACT
+
+
+def numpy_dtype(dtype: str) -> Any:
+    """The numpy dtype for a decodable safetensors dtype name (bf16 and fp8 from ml_dtypes)."""
+    import numpy as np
+
+    if dtype in ("BF16", "F8_E4M3", "F8_E5M2"):
+        import ml_dtypes
+
+        return np.dtype({"BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+                         "F8_E5M2": ml_dtypes.float8_e5m2}[dtype])
+    return np.dtype("bool" if dtype == "BOOL" else _TORCH_NAMES[dtype]).newbyteorder("<")
+
+
+def from_numpy_dtype(dt: Any) -> str:
+    """The safetensors dtype name for a numpy (or ml_dtypes) dtype."""
+    for name in _TORCH_NAMES:
+        if numpy_dtype(name) == dt:
+            return name
+    raise ValueError(f"numpy dtype {dt} has no safetensors name")
 
 
 def torch_dtype(dtype: str) -> Any:

@@ -15,10 +15,14 @@ from ckptxform.quant.kernels import (
     Int4Groups,
     dequant_fp8_rows,
     dequant_int4_rows,
-    tensor_view,
 )
 
 OUT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def tensor_view(out: memoryview, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A kernel's output bytes as a torch tensor, to compare with the torch references."""
+    return torch.frombuffer(bytearray(out), dtype=OUT_DTYPES[dtype]).view(shape)
 
 
 def raw(t: torch.Tensor) -> bytes:

@@ -1,29 +1,27 @@
 """The fills that make values for rows a tensor lacks: the ``mean`` of some rows (summed in
-float64: torch does not promote float8) and seeded ``normal`` values. ``resize_rows`` and
-the vocabulary permutation's ``missing_rows`` both use them (torch imported lazily)."""
+float64, on numpy: no torch needed) and seeded ``normal`` values (torch's generator, so
+the values are torch's: the one fill that needs the torch extra). ``resize_rows`` and the
+vocabulary permutation's ``missing_rows`` both use them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from .decode import tensor_bytes
+from .decode import cast_bytes, require_torch, tensor_bytes, values_of
 
 
 def mean_row(chunks: Iterable[tuple[bytes | bytearray | memoryview, int]], row_shape: tuple[int, ...],
              dtype: str) -> bytes:
     """The bytes of the mean of the rows in ``chunks`` (``(raw rows, how many)`` each, rows
     of ``row_shape`` and ``dtype``), in ``dtype``; at least one row is expected."""
-    import torch
+    import numpy as np
 
-    from ..dtypes import torch_dtype
-
-    dt = torch_dtype(dtype)
-    total, count = torch.zeros(row_shape, dtype=torch.float64), 0
+    total, count = np.zeros(row_shape, dtype=np.float64), 0
     for raw, rows in chunks:
-        total += torch.frombuffer(bytearray(raw), dtype=dt).reshape(rows, *row_shape).to(torch.float64).sum(0)
+        total += values_of(raw, dtype).astype(np.float64).reshape(rows, *row_shape).sum(0)
         count += rows
-    return tensor_bytes((total / max(1, count)).to(dt))
+    return cast_bytes((total / max(1, count)).tobytes(), "F64", dtype)
 
 
 class NormalRows:
@@ -35,8 +33,7 @@ class NormalRows:
         self._generator: Any = None
 
     def take(self, count: int) -> bytes:
-        import torch
-
+        torch = require_torch("fill: normal (torch's seeded generator)")
         from ..dtypes import torch_dtype
 
         if self._generator is None:

@@ -46,27 +46,28 @@ def checked(compute: Callable[[], memoryview], *, dtype: str, cols: int, first_r
 
 def _may_be_nonfinite(scale: Buffer, scale_dtype: str, largest_code: float, dtype: str,
                       e4m3_codes: Buffer | None) -> bool:
-    import torch
+    import numpy as np
 
     if e4m3_codes is not None and len(e4m3_codes):
         codes = tensor_view(e4m3_codes, "I8", (-1,))
-        if int(codes.max()) == 0x7F or int(codes.view(torch.uint8).max()) == 0xFF:  # a NaN byte
+        if int(codes.max()) == 0x7F or int(codes.view(np.uint8).max()) == 0xFF:  # a NaN byte
             return True
     if not len(scale):
         return False
-    low, high = torch.aminmax(tensor_view(scale, scale_dtype, (-1,)))
-    magnitude = max(abs(float(low)), abs(float(high)))  # NaN compares false: caught below
+    # a scale row is small: widened to float32 (exact) for ml_dtypes' bf16
+    magnitude = float(np.abs(tensor_view(scale, scale_dtype, (-1,)).astype(np.float32)).max())
+    # NaN compares false: caught below
     # a margin for the roundings of the product: a false alarm only costs the scan
     return not magnitude * largest_code * 1.01 < _LARGEST[dtype]
 
 
 def first_nonfinite(raw: Buffer, dtype: str) -> tuple[int, float] | None:
     """(flat index, value) of the first NaN or inf of ``raw`` (``dtype`` values), if any."""
-    import torch
+    import numpy as np
 
-    values = tensor_view(raw, dtype, (-1,))
-    finite = torch.isfinite(values)
+    values = tensor_view(raw, dtype, (-1,)).astype(np.float32)  # exact; only scanned when suspect
+    finite = np.isfinite(values)
     if bool(finite.all()):
         return None
-    index = int((~finite).nonzero()[0, 0])
+    index = int(np.argmin(finite))
     return index, float(values[index])

@@ -1,5 +1,5 @@
-"""Several blocks in flight: block kernels run on a few worker threads (torch releases
-the GIL), their outputs come back in order, and reads stay on the caller's thread.
+"""Several blocks in flight: block kernels run on a few worker threads (torch and numpy
+release the GIL), their outputs come back in order, and reads stay on the caller's thread.
 
 torch's own intra-op threads are turned off meanwhile: on a machine whose cores are
 shared (the writer hashes on two threads beside the copies), OpenMP's barriers made a
@@ -26,10 +26,12 @@ WORKERS = max(1, min(2, os.cpu_count() or 1))
 def in_order(tasks: Iterable[Callable[[], _T]], workers: int = WORKERS) -> Iterator[_T]:
     """The results of ``tasks`` in order, up to ``workers`` computed at once. The
     iterable is advanced (its reads done) on the caller's thread."""
-    import torch
+    from .kernels import backend
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch = backend().__dict__.get("torch")  # None on the numpy kernels
+    threads = torch.get_num_threads() if torch else 0
+    if torch:
+        torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptxform-dequant") as pool:
             pending: deque[Future[_T]] = deque()
@@ -40,4 +42,5 @@ def in_order(tasks: Iterable[Callable[[], _T]], workers: int = WORKERS) -> Itera
             while pending:
                 yield pending.popleft().result()
     finally:
-        torch.set_num_threads(threads)
+        if torch:
+            torch.set_num_threads(threads)

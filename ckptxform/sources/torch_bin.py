@@ -22,7 +22,9 @@ from ckptxform.sources.base import TensorInfo
 
 def load_torch_file(path: Path) -> dict[str, Any]:
     """The tensors of a pickled state dict, loaded without running pickled code."""
-    import torch  # a .bin is a pickle: only torch reads it
+    from ckptxform.ops.decode import require_torch
+
+    torch = require_torch(f"{path}: a pickled .bin/.pth checkpoint")  # only torch reads the pickle
 
     with open(path, "rb") as f:
         # mmap needs the zip format torch.save writes since 1.6; older files load whole.

@@ -4,6 +4,7 @@ speculators layout), lightseekorg-style (full vocabulary) and yuhuili's Llama-3.
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -18,13 +19,13 @@ from ckptxform.standins.tensors import (
     built_checkpoint,
     save_pickle,
     save_safetensors,
+    numpy_dtype_named,
     seeded_values,
-    torch_dtype_named,
     write_json,
 )
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
 __all__ = ["build_eagle3_drafter", "build_full_vocab_drafter", "build_llama_eagle3"]
 
@@ -129,20 +130,20 @@ def _check_target_ids(target_ids: Sequence[int], dims: DrafterDims) -> tuple[int
 
 
 def _vocab_map_tensors(ids: tuple[int, ...], vocab: int,
-                       encoding: str) -> dict[str, torch.Tensor]:
-    import torch
+                       encoding: str) -> dict[str, np.ndarray]:
+    import numpy as np
 
-    target = torch.tensor(ids, dtype=torch.int64)
+    target = np.array(ids, dtype=np.int64)
     # d2t holds target_id - draft_index (EAGLE cnets.py); "absolute" mimics tools that
     # store the target id itself.
-    d2t = target - torch.arange(len(ids)) if encoding == "offset" else target.clone()
-    t2d = torch.zeros(vocab, dtype=torch.bool)
+    d2t = target - np.arange(len(ids), dtype=np.int64) if encoding == "offset" else target.copy()
+    t2d = np.zeros(vocab, dtype=np.bool_)
     t2d[target] = True
     return {"d2t": d2t, "t2d": t2d}
 
 
 def _write_drafter(out: Path, dims: DrafterDims, ids: tuple[int, ...] | None,
-                   specs: list[TensorSpec], extra: dict[str, torch.Tensor],
+                   specs: list[TensorSpec], extra: dict[str, np.ndarray],
                    config: dict[str, Any], *, seed: int, fmt: WeightFormat,
                    layout: Layout, omit_keys: Iterable[str],
                    dtype_overrides: Mapping[str, str],
@@ -165,7 +166,7 @@ def _write_drafter(out: Path, dims: DrafterDims, ids: tuple[int, ...] | None,
         raise UsageError(f"omit_keys/dtype_overrides: {quote_keys(unknown)} not in this "
                          f"drafter (keys: {quote_keys(tensors)})")
     for key, name in dtype_overrides.items():
-        tensors[key] = tensors[key].to(torch_dtype_named(name))
+        tensors[key] = tensors[key].astype(numpy_dtype_named(name))
     tensors = {k: v for k, v in sorted(tensors.items()) if k not in omit}
 
     out.mkdir(parents=True, exist_ok=True)
@@ -177,17 +178,16 @@ def _write_drafter(out: Path, dims: DrafterDims, ids: tuple[int, ...] | None,
     files = ["config.json", weights]
     write_json(out / "config.json", config)
     if with_training_state:
-        save_pickle(_training_state(tensors, seed), out / "training_state.pt")
+        # a plain pickle (no torch to write it): the file only has to be there
+        (out / "training_state.pt").write_bytes(pickle.dumps(_training_state(tensors, seed), protocol=4))
         files.append("training_state.pt")
     return built_checkpoint(out, dims, ids, tensors, files)
 
 
-def _training_state(tensors: Mapping[str, torch.Tensor], seed: int) -> dict[str, Any]:
-    import torch
-
+def _training_state(tensors: Mapping[str, np.ndarray], seed: int) -> dict[str, Any]:
     # Optimizer moments for two parameters plus counters: a pickle that nothing in a
     # conversion may need, as in the AQ-MedAI repo.
-    moments = {k: torch.zeros(tensors[k].shape, dtype=torch.float32)
+    moments = {k: {"shape": list(tensors[k].shape), "float32": bytes(4 * tensors[k].size)}
                for k in ("fc.weight", "norm.weight") if k in tensors}
     return {"epoch": 2, "global_step": 1000 + seed, "optimizer": {"exp_avg": moments},
             "scheduler": {"last_epoch": 1000 + seed}}

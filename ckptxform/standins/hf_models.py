@@ -113,8 +113,6 @@ def build_llama(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0,
     """A LlamaForCausalLM checkpoint (meta-llama/Llama-3.1-8B-Instruct; with ``head="tied"``
     Llama-3.2-1B: no ``lm_head.weight``, ``tie_word_embeddings: true``; with ``"copy"`` an
     ``lm_head.weight`` byte-identical to the embedding, as untie_embeddings writes)."""
-    import torch
-
     d = dims
     specs = _ends(d, lm_head=head == "untied")
     for n in range(d.layers):
@@ -123,11 +121,9 @@ def build_llama(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0,
     config = _decoder_config("LlamaForCausalLM", "llama", d, tied=head == "tied", rope_theta=500000.0,
                              max_positions=131072, head_dim=d.head_dim, attention_bias=False, mlp_bias=False)
     out = _write(Path(out_dir), specs, seed, config)
-    if head == "copy":
-        from safetensors.torch import load_file
-
-        tensors = load_file(out / "model.safetensors")
-        tensors["lm_head.weight"] = torch.clone(tensors["model.embed_tokens.weight"])
+    if head == "copy":  # the same seeded values again, plus the copy
+        tensors = {s.key: seeded_values(s, seed) for s in specs}
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
         save_safetensors(tensors, out / "model.safetensors")
     return out
 
@@ -192,7 +188,7 @@ def build_gpt2(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0, po
     """GPT2LMHeadModel as openai-community/gpt2 stores it: Conv1D weights [in, out], keys
     without the ``transformer.`` prefix, no ``lm_head.weight`` (tied to ``wte``), and each
     layer's causal-mask buffer ``h.N.attn.bias``; float32."""
-    import torch
+    import numpy as np
 
     h, dt = dims.hidden, "float32"
     specs = [_linear("wte.weight", dims.vocab, h, dt), _linear("wpe.weight", positions, h, dt),
@@ -206,8 +202,8 @@ def build_gpt2(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0, po
                   _linear(f"{p}mlp.c_fc.weight", h, 4 * h, dt), TensorSpec(f"{p}mlp.c_fc.bias", (4 * h,), dt, "linear"),
                   _linear(f"{p}mlp.c_proj.weight", 4 * h, h, dt), TensorSpec(f"{p}mlp.c_proj.bias", (h,), dt, "linear")]
     tensors = {s.key: seeded_values(s, seed) for s in specs}
-    mask = torch.tril(torch.ones(positions, positions, dtype=torch.bool)).view(1, 1, positions, positions)
-    tensors |= {f"h.{n}.attn.bias": mask.clone() for n in range(dims.layers)}
+    mask = np.tril(np.ones((positions, positions), dtype=np.bool_)).reshape(1, 1, positions, positions)
+    tensors |= {f"h.{n}.attn.bias": mask.copy() for n in range(dims.layers)}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(tensors, out / "model.safetensors")

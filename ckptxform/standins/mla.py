@@ -95,7 +95,7 @@ def build_mla_drafter(out_dir: str | Path, dims: MlaDims = KIMI_K25_MLA_TINY, *,
     """An MLA EAGLE-3 drafter in the native layout (``midlayer.*``): over the whole
     verifier vocabulary (no d2t/t2d, as the lightseekorg drafters) when ``target_ids`` is
     None, else over those draft tokens with their d2t (offsets) and t2d."""
-    import torch
+    import numpy as np
 
     out = Path(out_dir)
     rows = dims.base.vocab if target_ids is None else len(target_ids)
@@ -103,9 +103,9 @@ def build_mla_drafter(out_dir: str | Path, dims: MlaDims = KIMI_K25_MLA_TINY, *,
     config = dims.config()
     ids = None if target_ids is None else tuple(int(t) for t in target_ids)
     if ids is not None:
-        target = torch.tensor(ids, dtype=torch.int64)
-        tensors["d2t"] = target - torch.arange(len(ids))
-        tensors["t2d"] = torch.zeros(dims.base.vocab, dtype=torch.bool)
+        target = np.array(ids, dtype=np.int64)
+        tensors["d2t"] = target - np.arange(len(ids), dtype=np.int64)
+        tensors["t2d"] = np.zeros(dims.base.vocab, dtype=np.bool_)
         tensors["t2d"][target] = True
         config["draft_vocab_size"] = len(ids)
     tensors = dict(sorted(tensors.items()))

@@ -20,10 +20,10 @@ from ckptxform.errors import UsageError
 from ckptxform.standins.configs import int4_quantization_config
 from ckptxform.standins.deepseek import KIMI_K2_TEXT, DeepseekV3Dims, Module, deepseek_v3_fields, text_modules
 from ckptxform.standins.shards import balanced_runs, write_sharded
-from ckptxform.standins.tensors import BuiltCheckpoint, derive_seed, torch_dtype_named, write_json
+from ckptxform.standins.tensors import BuiltCheckpoint, derive_seed, numpy_dtype_named, write_json
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
 __all__ = ["KIMI_K2_FP8_TINY", "build_kimi_k2", "fp8_block_quantized", "int4_group_quantized",
            "module_sizes", "module_tensors", "routed_expert"]
@@ -34,40 +34,41 @@ KIMI_K2_FP8_TINY = KIMI_K2_TEXT.scaled(16, layers=3, routed_experts=4, experts_p
 _E4M3_MAX = 448.0
 
 
-def fp8_block_quantized(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(float8_e4m3fn weight, float32 scale_inv [ceil(M/bh), ceil(N/bw)]) of ``w``."""
-    import torch
+def fp8_block_quantized(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(float8_e4m3fn weight, float32 scale_inv [ceil(M/bh), ceil(N/bw)]) of float32 ``w``."""
+    import numpy as np
+
+    from ckptxform.dtypes import numpy_dtype
 
     bh, bw = block
     rows, cols = w.shape
     sr, sc = -(-rows // bh), -(-cols // bw)
-    padded = torch.zeros(sr * bh, sc * bw, dtype=torch.float32)
+    padded = np.zeros((sr * bh, sc * bw), dtype=np.float32)
     padded[:rows, :cols] = w
-    amax = padded.view(sr, bh, sc, bw).abs().amax(dim=(1, 3))
-    scale_inv = torch.where(amax > 0, amax / _E4M3_MAX, torch.ones_like(amax))
-    expanded = scale_inv.repeat_interleave(bh, 0).repeat_interleave(bw, 1)[:rows, :cols]
-    return (w / expanded).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn), scale_inv
+    amax = np.abs(padded.reshape(sr, bh, sc, bw)).max(axis=(1, 3))
+    scale_inv = np.where(amax > 0, amax / np.float32(_E4M3_MAX), np.float32(1.0)).astype(np.float32)
+    expanded = np.repeat(np.repeat(scale_inv, bh, 0), bw, 1)[:rows, :cols]
+    q = np.clip(w / expanded, -_E4M3_MAX, _E4M3_MAX).astype(np.float32)
+    return q.astype(numpy_dtype("F8_E4M3")), scale_inv
 
 
-def int4_group_quantized(w: torch.Tensor, group: int, scale_dtype: torch.dtype
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int4_group_quantized(w: np.ndarray, group: int, scale_dtype: np.dtype
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(int32 weight_packed [M, ceil(N/8)], weight_scale [M, N/g], int32 weight_shape [2])."""
-    import torch
+    import numpy as np
 
     rows, cols = w.shape
     if cols % group:
         raise UsageError(f"int4 group size {group} does not divide {cols} columns")
-    groups = w.view(rows, cols // group, group)
-    scale = (groups.abs().amax(dim=2) / 7).clamp(min=1e-8).to(scale_dtype)
-    q = torch.round(groups / scale.to(torch.float32)[..., None]).clamp(-8, 7).view(rows, cols)
+    groups = w.reshape(rows, cols // group, group)
+    scale = np.maximum(np.abs(groups).max(axis=2) / np.float32(7), np.float32(1e-8)).astype(scale_dtype)
+    q = np.clip(np.round(groups / scale.astype(np.float32)[..., None]), -8, 7).reshape(rows, cols)
     words = -(-cols // 8)
-    nibbles = torch.zeros(rows, words * 8, dtype=torch.int64)
-    nibbles[:, :cols] = q.to(torch.int64) + 8
-    nibbles[:, cols:] = 0  # compressed-tensors pads with zero bits
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-    packed = (nibbles.view(rows, words, 8) << shifts).sum(dim=2)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return packed, scale, torch.tensor([rows, cols], dtype=torch.int32)
+    nibbles = np.zeros((rows, words * 8), dtype=np.uint32)  # compressed-tensors pads with zero bits
+    nibbles[:, :cols] = (q + 8).astype(np.uint32)
+    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+    packed = (nibbles.reshape(rows, words, 8) << shifts).sum(axis=2, dtype=np.uint32)
+    return packed.view(np.int32), scale, np.array([rows, cols], dtype=np.int32)
 
 
 def module_sizes(module: Module, fmt: str, dtype: str, *, block: tuple[int, int] = (128, 128),
@@ -93,29 +94,29 @@ def module_sizes(module: Module, fmt: str, dtype: str, *, block: tuple[int, int]
 
 
 def module_tensors(module: Module, fmt: str, dtype: str, seed: int, *, block: tuple[int, int] = (128, 128),
-                   group: int = 32) -> dict[str, torch.Tensor]:
+                   group: int = 32) -> dict[str, np.ndarray]:
     """The tensors of ``module``: ``fmt`` ``"fp8"``/``"int4"`` quantizes it when it is a
     linear layer, ``"plain"`` (or any other kind of module) stores it in ``dtype``."""
-    import torch
+    import numpy as np
 
     # seeded by the weight's key, as ``seeded_values`` seeds a plain tensor: the same module
     # has the same values whether it is stored quantized or not
-    gen = torch.Generator().manual_seed(derive_seed(seed, f"{module.name}.weight"))
-    values = torch.randn(module.shape, generator=gen, dtype=torch.float32)
-    n, dt = module.name, torch_dtype_named(dtype)
+    gen = np.random.default_rng(derive_seed(seed, f"{module.name}.weight"))
+    values = gen.standard_normal(module.shape, dtype=np.float32)
+    n, dt = module.name, numpy_dtype_named(dtype)
     if module.kind == "norm":
-        return {f"{n}.weight": (1.0 + 0.05 * values).to(dt)}
-    w = 0.02 * values
+        return {f"{n}.weight": (1.0 + 0.05 * values).astype(dt)}
+    w = np.float32(0.02) * values
     if module.kind == "router":
-        bias = 0.1 * torch.randn(module.shape[0], generator=gen, dtype=torch.float32)
-        return {f"{n}.weight": w.to(dt), f"{n}.e_score_correction_bias": bias}
+        bias = np.float32(0.1) * gen.standard_normal(module.shape[0], dtype=np.float32)
+        return {f"{n}.weight": w.astype(dt), f"{n}.e_score_correction_bias": bias}
     if fmt == "fp8" and module.kind == "linear":
         weight, scale_inv = fp8_block_quantized(w, block)
         return {f"{n}.weight": weight, f"{n}.weight_scale_inv": scale_inv}
     if fmt == "int4" and module.kind == "linear":
         packed, scale, shape = int4_group_quantized(w, group, dt)
         return {f"{n}.weight_packed": packed, f"{n}.weight_scale": scale, f"{n}.weight_shape": shape}
-    return {f"{n}.weight": w.to(dt)}
+    return {f"{n}.weight": w.astype(dt)}
 
 
 def fp8_quantization_config(block: tuple[int, int]) -> dict[str, Any]:

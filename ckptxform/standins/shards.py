@@ -17,12 +17,12 @@ from ckptxform.errors import UsageError
 from ckptxform.standins.tensors import dtypes_of, save_safetensors, shapes_of, write_json
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
 
 __all__ = ["ShardedFiles", "balanced_runs", "write_sharded"]
 
 #: a module's tensors, made on demand: key -> tensor
-Maker = Callable[[], "dict[str, torch.Tensor]"]
+Maker = Callable[[], "dict[str, np.ndarray]"]  # or torch tensors (quantized builders)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def write_sharded(out: Path, names: Sequence[str], modules: Iterable[tuple[Seque
     weight_map: dict[str, str] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, str] = {}
-    pending: dict[int, dict[str, torch.Tensor]] = {}
+    pending: dict[int, dict[str, np.ndarray]] = {}
     position = 0
 
     def flush(shard: int) -> None:

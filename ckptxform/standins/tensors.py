@@ -3,7 +3,9 @@
 A ``TensorSpec`` names one tensor; ``seeded_values`` fills it from (seed, key name) so a
 key's values do not depend on which other keys are written. The savers write
 safetensors, torch pickles and JSON deterministically, and ``built_checkpoint`` records
-what was written. torch is imported lazily, inside the functions that make tensors.
+what was written. Values are numpy arrays (ml_dtypes for bf16): building the stand-ins
+of the demo needs no torch; only pickles (``.bin``, ``training_state.pt``) and the
+quantized builders import it, lazily.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ckptxform.standins.deepseek import DeepseekV3Dims
 from ckptxform.standins.dims import DrafterDims
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "save_pickle",
     "save_safetensors",
     "seeded_values",
+    "numpy_dtype_named",
     "shapes_of",
     "torch_dtype_named",
     "write_json",
@@ -73,58 +77,106 @@ def derive_seed(seed: int, label: str) -> int:
 def torch_dtype_named(name: str) -> torch.dtype:
     from ckptxform.dtypes import torch_dtype
 
+    return torch_dtype(_safetensors_name(name))
+
+
+def numpy_dtype_named(name: str) -> np.dtype:
+    from ckptxform.dtypes import numpy_dtype
+
+    return numpy_dtype(_safetensors_name(name))
+
+
+def _safetensors_name(name: str) -> str:
     if name not in USER_DTYPES:
         raise UsageError(f"dtype: {name!r} is not one of {', '.join(USER_DTYPES)}")
-    return torch_dtype(USER_DTYPES[name])
+    return USER_DTYPES[name]
 
 
-def seeded_values(spec: TensorSpec, seed: int) -> torch.Tensor:
+def seeded_values(spec: TensorSpec, seed: int) -> np.ndarray:
     """Seeded values for one tensor: linear weights ~N(0, 0.02), norms and scales near 1,
     packed int4 words uniform, shape tensors the logical shape they describe."""
-    import torch
+    import numpy as np
 
-    gen = torch.Generator().manual_seed(derive_seed(seed, spec.key))
-    dtype = torch_dtype_named(spec.dtype)
+    gen = np.random.default_rng(derive_seed(seed, spec.key))
+    dtype = numpy_dtype_named(spec.dtype)
     if spec.kind == "shape":
-        return torch.tensor(spec.unpacked, dtype=dtype)
+        return np.array(spec.unpacked, dtype=dtype)
     if spec.kind == "packed":
-        return torch.randint(-(2**31), 2**31 - 1, spec.shape, generator=gen, dtype=dtype)
-    values = torch.randn(spec.shape, generator=gen, dtype=torch.float32)
+        return gen.integers(-(2**31), 2**31 - 1, spec.shape, dtype=dtype)
+    values = gen.standard_normal(spec.shape, dtype=np.float32)
     if spec.kind == "norm":
-        return (1.0 + 0.05 * values).to(dtype)
-    return (0.02 * values).to(dtype)
+        return (1.0 + 0.05 * values).astype(dtype)
+    return (0.02 * values).astype(dtype)
 
 
-def save_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
+def raw_of(value: Any) -> tuple[str, tuple[int, ...], bytes]:
+    """(safetensors dtype, shape, bytes) of a numpy array or a torch tensor."""
+    from ckptxform.dtypes import from_numpy_dtype, from_torch_dtype
 
-    save_file(dict(tensors), str(path), metadata={"format": "pt"})
+    if hasattr(value, "tobytes") and not hasattr(value, "data_ptr"):
+        return from_numpy_dtype(value.dtype), tuple(value.shape), value.tobytes()
+    from ckptxform.ops.decode import tensor_bytes
+
+    return from_torch_dtype(value.dtype), tuple(value.shape), tensor_bytes(value)
+
+
+def save_safetensors(tensors: Mapping[str, Any], path: Path) -> None:
+    """numpy arrays or torch tensors as a safetensors file (key order, header padded to
+    8 bytes, ``format: pt`` as safetensors.torch writes it)."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for key in sorted(tensors):
+        dtype, shape, data = raw_of(tensors[key])
+        header[key] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for data in blobs:
+            f.write(data)
 
 
 def save_pickle(obj: Any, path: Path) -> None:
-    import torch
+    from ckptxform.ops.decode import require_torch
 
+    torch = require_torch(f"{path.name} (a pickled stand-in)")
     # torch's zip writer derives the archive's serialization id from its content, so
     # equal objects give equal bytes (the determinism test guards this).
-    torch.save(obj, path)
+    torch.save(_as_torch(obj, torch), path)
+
+
+def _as_torch(obj: Any, torch: Any) -> Any:
+    """``obj`` with its numpy arrays as torch tensors (bf16 by its bits)."""
+    if isinstance(obj, dict):
+        return {k: _as_torch(v, torch) for k, v in obj.items()}
+    if hasattr(obj, "tobytes") and not hasattr(obj, "data_ptr"):
+        from ckptxform.dtypes import torch_dtype
+
+        dtype, shape, data = raw_of(obj)
+        return torch.frombuffer(bytearray(data), dtype=torch_dtype(dtype)).reshape(shape) if data else \
+            torch.empty(shape, dtype=torch_dtype(dtype))
+    return obj
 
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def shapes_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+def shapes_of(tensors: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in tensors.items()}
 
 
-def dtypes_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    from ckptxform.dtypes import from_torch_dtype
+def dtypes_of(tensors: Mapping[str, Any]) -> dict[str, str]:
+    from ckptxform.dtypes import from_numpy_dtype, from_torch_dtype
 
-    return {k: from_torch_dtype(v.dtype) for k, v in tensors.items()}
+    return {k: from_torch_dtype(v.dtype) if hasattr(v, "data_ptr") else from_numpy_dtype(v.dtype)
+            for k, v in tensors.items()}
 
 
 def built_checkpoint(out: Path, dims: DrafterDims, ids: tuple[int, ...] | None,
-                     tensors: Mapping[str, torch.Tensor], files: list[str]) -> BuiltCheckpoint:
+                     tensors: Mapping[str, Any], files: list[str]) -> BuiltCheckpoint:
     return BuiltCheckpoint(path=out, dims=dims, target_ids=ids, keys=tuple(sorted(tensors)),
                            shapes=shapes_of(tensors), dtypes=dtypes_of(tensors),
                            files=tuple(sorted(files)))
