@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from ckptxform.dtypes import DTYPE_SIZES, cast_problem, decodable, torch_dtype
-from ckptxform.ops.decode import cast_bytes, mean_row
+from ckptxform.ops.decode import cast_bytes
+from ckptxform.ops.fills import mean_row
 from ckptxform.quant import kernels, numpy_kernels, torch_kernels
 from ckptxform.quant.kernels import Fp8Block, Int4Groups, dequant_fp8_rows, dequant_int4_rows
 
@@ -52,8 +53,8 @@ def test_mean_row_matches_torch(dtype: str) -> None:
     rows = torch.randn(37, 6, generator=torch.Generator().manual_seed(3)).to(torch_dtype(dtype))
     raw = bytes(rows.view(torch.uint8).numpy())
     want = (rows.to(torch.float64).sum(0) / 37).to(torch_dtype(dtype))
-    got = mean_row([raw[:10 * 12 * DTYPE_SIZES[dtype] // 2], raw[10 * 12 * DTYPE_SIZES[dtype] // 2:]],
-                   dtype, (6,), 37)
+    split = 10 * 6 * DTYPE_SIZES[dtype]  # two chunks: 10 rows, then 27
+    got = mean_row([(raw[:split], 10), (raw[split:], 27)], (6,), dtype)
     assert got == bytes(want.view(torch.uint8).numpy())
 
 

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from ckptxform import api
 from ckptxform.errors import PlanError, RequirementError
+from ckptxform.engine.run.shard_plan import CODEC
 from ckptxform.ops.base import Block, BlockOp, Context, InputTensor, NoInverse, Value, View
 from ckptxform.rules.loader import load_rules
 
@@ -347,15 +348,18 @@ class _Difference(BlockOp):
             yield (a.float() - b.float()).numpy().tobytes()
 
 
-def test_a_multi_input_block_op_reads_each_input_by_rows(tmp_path: Path) -> None:
+def test_a_multi_input_block_op_reads_each_input_by_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = rand(5, 3, seed=1), rand(5, 3, seed=2)
     write_model(tmp_path / "src", {"x.a": a, "x.b": b})
     rule = rule_file(tmp_path, "tensors:\n  - key: 'x.{T:a,b}'\n    to: y\n    ops: [{concat: {over: T, dim: 0}}]\n")
     rules = load_rules(rule)
     step = rules.tensors[0].ops[0]
+    op = _Difference()
     rules = dataclasses.replace(rules, tensors=(dataclasses.replace(
-        rules.tensors[0], ops=(dataclasses.replace(step, op=_Difference()),)),))
-    api.apply(rules, out=tmp_path / "out", sources={"model": str(tmp_path / "src")}, progress=False)
+        rules.tensors[0], ops=(dataclasses.replace(step, op=op),)),))
+    # the run plan names ops by verb: admit the test op (it lives in this process only: jobs=1)
+    monkeypatch.setitem(CODEC._ops, op.verb, op)
+    api.apply(rules, out=tmp_path / "out", sources={"model": str(tmp_path / "src")}, progress=False, jobs=1)
     assert_same(read_output(tmp_path / "out"), {"y": a.float() - b.float()})
     written = [e for e in read_audit(tmp_path / "out") if e["event"] == "written"]
     assert written[0]["from"] == {"inputs": [{"source": "model", "key": "x.a"}, {"source": "model", "key": "x.b"}],
