@@ -114,3 +114,12 @@ def test_sigterm_while_connecting_stops_the_run_and_cleans_up(
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1] == "terminated (SIGTERM)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_port_of_non_ascii_digits_is_no_endpoint() -> None:
+    """'²' is a digit to str.isdigit but int() refuses it: such an address is left to Ray's
+    own message, not an internal error."""
+    from ckptxform.engine.run.ray import _endpoint
+
+    assert _endpoint("localhost:²") is None
+    assert _endpoint("localhost:6379") == ("localhost", 6379)

@@ -116,7 +116,7 @@ def _endpoint(address: str | None) -> tuple[str, int] | None:
         return None
     rest = address.split("://", 1)[1] if "://" in address else address
     host, _, port = rest.rstrip("/").rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         return None  # Ray says what is wrong with it
     return host.strip("[]"), int(port)
 

@@ -231,7 +231,7 @@ class RemoteFile:
         """A server (or proxy) that ignores Range sends the whole file: within the window
         asked, its body holds the bytes asked; beyond it, ``RangeIgnored`` (download instead)."""
         length = response.headers.get("Content-Length", "").strip()
-        whole = int(length) if length.isdigit() else None
+        whole = int(length) if length.isascii() and length.isdigit() else None  # "²" is a digit to isdigit
         if size is not None and whole is not None and whole != size:
             raise BadAnswer(f"the server answered HTTP 200 with {whole} bytes for a file of {size} bytes where part "
                             f"{start}-{stop - 1} (HTTP 206) was asked (check HF_ENDPOINT and any proxy)")

@@ -197,7 +197,7 @@ class RangeCache:
             if self.folder.is_dir():
                 for entry in os.listdir(self.folder):
                     first, sep, last = entry.partition("-")
-                    if sep and first.isdigit() and last.isdigit():
+                    if sep and first.isascii() and first.isdigit() and last.isascii() and last.isdigit():
                         found.append(Span(int(first), int(last)))
             self._spans = sorted(found, key=lambda s: s.start)
         return self._spans
