@@ -1,0 +1,54 @@
+"""FP4 e2m1 codes (OCP MX and NVFP4 elements): the 16 values, unpacking and packing.
+
+Two codes share a byte, the element of even index in the low nibble (how gpt-oss's MXFP4
+``*_blocks``, compressed-tensors' ``nvfp4-pack-quantized`` and ModelOpt's NVFP4 store them).
+Code ``8 | m`` is the negative of code ``m``, so code 8 is ``-0.0``: the table keeps the sign
+of zero, and a decoder that turns it into ``+0.0`` is not bit-exact with one that keeps it.
+
+>>> import numpy as np
+>>> unpack_e2m1(np.array([0x21, 0x8F], dtype=np.uint8)).tolist()
+[0.5, 1.0, -6.0, -0.0]
+>>> pack_e2m1(np.array([[1, 2], [15, 8]], dtype=np.uint8)).tolist()
+[[33], [143]]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["E2M1_VALUES", "e2m1_table", "pack_e2m1", "unpack_codes", "unpack_e2m1"]
+
+#: the value of each e2m1 code 0..15 (sign bit 3, exponent bits 2..1, mantissa bit 0)
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def e2m1_table() -> np.ndarray:
+    """The 16 code values as float32 (index = code)."""
+    import numpy as np
+    return np.array(E2M1_VALUES, dtype=np.float32)
+
+
+def unpack_codes(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[..., n]`` -> the codes ``[..., 2n]`` (uint8 0..15), low nibble first."""
+    import numpy as np
+    codes = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=np.uint8)
+    np.bitwise_and(packed, 0x0F, out=codes[..., 0::2])
+    np.right_shift(packed, 4, out=codes[..., 1::2])
+    return codes
+
+
+def unpack_e2m1(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[..., n]`` -> float32 ``[..., 2n]``: each byte's two values, low nibble first."""
+    return e2m1_table()[unpack_codes(packed)]
+
+
+def pack_e2m1(codes: np.ndarray) -> np.ndarray:
+    """Codes ``[..., 2n]`` (uint8 0..15) -> uint8 ``[..., n]``, the even element in the low nibble."""
+    import numpy as np
+    if codes.shape[-1] % 2:
+        raise ValueError(f"e2m1 codes pack two a byte: the last dim ({codes.shape[-1]}) must be even")
+    low, high = codes[..., 0::2], codes[..., 1::2]
+    return (np.bitwise_and(low, 0x0F) | np.left_shift(np.bitwise_and(high, 0x0F), 4)).astype(np.uint8)
