@@ -26,6 +26,7 @@ from math import prod
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from ..digits import is_ascii_digits
 from ..dtypes import DTYPE_SIZES
 from ..errors import PlanError
 from ..where import Where
@@ -211,7 +212,7 @@ class IndexNames(Sequence[str]):
 
     def __contains__(self, name: object) -> bool:
         # ASCII digits without a leading zero: '²' and '07' are no index
-        return (isinstance(name, str) and name.isascii() and name.isdigit() and str(int(name)) == name
+        return (isinstance(name, str) and is_ascii_digits(name) and str(int(name)) == name
                 and int(name) < self.count)
 
 

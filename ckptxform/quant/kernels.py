@@ -25,10 +25,10 @@ when a block runs: importing this module costs nothing to ``validate`` or ``plan
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DTYPE_SIZES
+from .layouts import Fp8Block, Int4Groups
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,44 +39,6 @@ Buffer = bytes | bytearray | memoryview
 
 #: output dtypes a dequantization may produce (safetensors names)
 OUTPUT_DTYPES = ("BF16", "F16", "F32")
-
-
-@dataclass(frozen=True)
-class Fp8Block:
-    """An FP8 weight of ``cols`` columns scaled per ``block_rows x block_cols`` block."""
-
-    cols: int
-    block_rows: int
-    block_cols: int
-
-    @property
-    def scale_cols(self) -> int:
-        return -(-self.cols // self.block_cols)
-
-    def scale_rows(self, rows: int) -> int:
-        return -(-rows // self.block_rows)
-
-
-@dataclass(frozen=True)
-class Int4Groups:
-    """An int4 weight of ``cols`` columns packed 8 per int32 word, one scale per
-    ``group_size`` columns of a row, scales of dtype ``scale_dtype`` (safetensors name)."""
-
-    cols: int
-    group_size: int
-    scale_dtype: str
-
-    @property
-    def words(self) -> int:
-        return -(-self.cols // 8)
-
-    @property
-    def groups(self) -> int:
-        return -(-self.cols // self.group_size)
-
-    @staticmethod
-    def zero_point_rows(rows: int) -> int:
-        return -(-rows // 8)
 
 
 def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,

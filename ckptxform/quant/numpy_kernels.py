@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import Fp8Block, Int4Groups
+from .layouts import Fp8Block, Int4Groups
 
 Buffer = bytes | bytearray | memoryview
 

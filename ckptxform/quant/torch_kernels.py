@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..dtypes import torch_dtype
-from .kernels import Fp8Block, Int4Groups
+from .layouts import Fp8Block, Int4Groups
 
 Buffer = bytes | bytearray | memoryview
 

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
+from ..digits import is_ascii_digits
+
 _PART = re.compile(r"\{([^{}]*)\}")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LITERAL = re.compile(r"^[^{}.,\s]+(?:\.[^{}.,\s]+)*$")
@@ -139,8 +141,8 @@ def natural_key(value: str) -> tuple[int, int | str]:
 
 
 def is_index(value: str) -> bool:
-    """ASCII digits only: '²' and '٣' are digits to ``str.isdigit`` but name no index."""
-    return value.isascii() and value.isdigit()
+    """ASCII digits only (digits.py): '²' and '٣' name no index."""
+    return is_ascii_digits(value)
 
 
 def expand_from(target: Template, source: Template, binding: dict[str, str]) -> str:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ...digits import is_ascii_digits
 from ...errors import OutputError, UsageError
 from ..output.jobdir import ShardRecord
 from .tasks import ShardTask, run_shard, shard_error
@@ -116,7 +117,7 @@ def _endpoint(address: str | None) -> tuple[str, int] | None:
         return None
     rest = address.split("://", 1)[1] if "://" in address else address
     host, _, port = rest.rstrip("/").rpartition(":")
-    if not host or not (port.isascii() and port.isdigit()):
+    if not host or not is_ascii_digits(port):
         return None  # Ray says what is wrong with it
     return host.strip("[]"), int(port)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from ckptxform.digits import ascii_int
 from ckptxform.sources.hub.bounded import bounded_client
 from ckptxform.sources.hub.ranges import Span
 
@@ -33,7 +34,7 @@ PARALLEL_REQUESTS = 32
 MAX_REDIRECTS = 10
 #: What a CDN answers for a signed URL that expired or was revoked: resolve again.
 _EXPIRED = (401, 403, 404, 410)
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+)")  # \d would admit any script\'s digits
 
 _client_lock = threading.Lock()
 _client: Any = None
@@ -194,7 +195,7 @@ class RemoteFile:
                 if response.status_code in _EXPIRED and expired_ok and _origin(url) != _origin(self.resolve_url):
                     raise _Expired
                 if response.status_code >= 400:
-                    if int(response.headers.get("Content-Length") or 0) < 1 << 20:
+                    if (ascii_int(response.headers.get("Content-Length")) or 0) < 1 << 20:
                         response.read()
                     hf_raise_for_status(response)
                 body = self._checked_body(response, span.start, stop, target.size)
@@ -230,8 +231,7 @@ class RemoteFile:
     def _whole_body(self, response: Any, start: int, stop: int, size: int | None) -> bytes:
         """A server (or proxy) that ignores Range sends the whole file: within the window
         asked, its body holds the bytes asked; beyond it, ``RangeIgnored`` (download instead)."""
-        length = response.headers.get("Content-Length", "").strip()
-        whole = int(length) if length.isascii() and length.isdigit() else None  # "²" is a digit to isdigit
+        whole = ascii_int(response.headers.get("Content-Length"))
         if size is not None and whole is not None and whole != size:
             raise BadAnswer(f"the server answered HTTP 200 with {whole} bytes for a file of {size} bytes where part "
                             f"{start}-{stop - 1} (HTTP 206) was asked (check HF_ENDPOINT and any proxy)")

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from ...digits import is_ascii_digits
+
 #: One response is held in memory whole, and up to ``parallel`` of them at once, so a
 #: request never grows past this size.
 MAX_REQUEST = 2 * 1024 * 1024
@@ -197,7 +199,7 @@ class RangeCache:
             if self.folder.is_dir():
                 for entry in os.listdir(self.folder):
                     first, sep, last = entry.partition("-")
-                    if sep and first.isascii() and first.isdigit() and last.isascii() and last.isdigit():
+                    if sep and is_ascii_digits(first) and is_ascii_digits(last):
                         found.append(Span(int(first), int(last)))
             self._spans = sorted(found, key=lambda s: s.start)
         return self._spans
