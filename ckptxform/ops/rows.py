@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from math import prod
 from typing import Any
 
-from ..dtypes import DTYPE_SIZES, cast_problem
+from ..dtypes import DTYPE_SIZES, cast_problem, decodable, is_float
 from ..errors import printable
 from .accounts import RowAccount, RowsOrigin
 from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, OpDef, Run, View, join_runs
@@ -118,6 +118,11 @@ class PermuteRows(OpDef):
         missing = [t for r, t in zip(rows, targets) if r < 0]
         reads = [(source, key, present)] if whole else []
         init = None if fill is None or not filled else fill.get("init", "rows_of")
+        problem = _fill_problem(init, value.dtype)
+        if problem is not None:
+            raise ctx.error(f"missing_rows init: {init} {problem} ({key or 'the input'!r} is {value.dtype}); "
+                            f"{'use init: zeros, or ' if init != 'zeros' else 'use '}rows_of a tensor that has the rows",
+                            key=key or None)
         fill_view = None
         if init == "rows_of":
             assert fill is not None
@@ -153,6 +158,15 @@ class PermuteRows(OpDef):
                  f"{filled} rows read for tokens of {dst!r} absent from {src!r}"
                  + (f", cast {dtype} -> {value.dtype}" if dtype != value.dtype else ""))
         return fb
+
+
+def _fill_problem(init: str | None, dtype: str) -> str | None:
+    """Why ``init`` cannot fill rows of ``dtype`` (None when it can)."""
+    if init in ("mean", "normal") and not (is_float(dtype) and decodable(dtype)):
+        return "makes float values"
+    if init == "zeros" and dtype == "F8_E8M0":
+        return "cannot fill a power-of-two scale, which has no zero"
+    return None
 
 
 def _permuted(ctx: Context, source: View, rows: Sequence[int], targets: Sequence[int],

@@ -258,6 +258,10 @@ class _Chain:
 
         inputs = tuple(program_input(self.space[i]) for i in used)
         read = tuple(held[1] for i in used if i < self.members and not isinstance(held := self.space[i], Block))
+        if not read and self.members:  # all made (a filled row split off): still its group's output
+            held = self.space[self._member_of(binding)]
+            assert not isinstance(held, Block)
+            read = (held[1],)
         steps = tuple(step.op.describe(step.args) for step in self.rule.ops)
         rows, reason = self.accounts.get(binding, (None, None))
         if isinstance(value, Block):
