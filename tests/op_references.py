@@ -148,3 +148,33 @@ def ref_int4(members: dict[str, torch.Tensor], modules: dict[int, Int4Module], g
     zp = module.zp if module.zp is not None else torch.full((module.q.shape[0], module.scale.shape[1]), 8)
     diff = (module.q - zp.repeat_interleave(group, dim=1)).to(module.scale.dtype)
     return (diff * module.scale.repeat_interleave(group, dim=1)).to(torch.bfloat16)
+
+
+def ref_permute(t: torch.Tensor, source_ids: list[int], target_ids: list[int], fill: str, std: float,
+                seed: int) -> torch.Tensor:
+    """Row j: the row of ``t`` (indexed by ``source_ids``' tokens) holding ``target_ids[j]``; a
+    token ``source_ids`` lacks gets zeros, the mean of the rows carried (float64 sum), or
+    seeded normal values in the order the missing rows come."""
+    if rows_of(t) != len(source_ids):
+        raise Invalid("the rows are not the source vocabulary's")
+    rest = t.shape[1:]
+    missing = [tok for tok in target_ids if tok not in source_ids]
+    carried = [source_ids.index(tok) for tok in target_ids if tok in source_ids]
+    if missing and fill != "zeros" and not t.dtype.is_floating_point:
+        raise Invalid(f"fill {fill} of {t.dtype}")
+    if fill == "mean" and missing:
+        present = t[sorted(set(carried))].to(torch.float64)
+        made = (present.sum(0) / max(1, len(set(carried)))).to(t.dtype).expand(len(missing), *rest)
+    elif fill == "normal" and missing:
+        gen = torch.Generator().manual_seed(seed)
+        made = (torch.randn((len(missing), *rest), generator=gen, dtype=torch.float32) * std).to(t.dtype)
+    else:
+        made = torch.zeros((len(missing), *rest), dtype=t.dtype)
+    rows, k = [], 0
+    for tok in target_ids:
+        if tok in source_ids:
+            rows.append(t[source_ids.index(tok)])
+        else:
+            rows.append(made[k])
+            k += 1
+    return torch.stack(rows).contiguous() if rows else torch.zeros((0, *rest), dtype=t.dtype)

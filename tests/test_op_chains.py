@@ -34,6 +34,7 @@ from op_references import (
     ref_concat,
     ref_dequant,
     ref_int4,
+    ref_permute,
     ref_qkv,
     ref_resize,
     ref_rope,
@@ -68,6 +69,8 @@ class Case:
     free: list[str] = field(default_factory=list)
     #: how the template variable each split made names its parts (None: 0, 1, ...)
     split_names: dict[str, list[str] | None] = field(default_factory=dict)
+    #: the vocabulary maps permute_rows ops read: name -> (target ids, vocabulary size)
+    vocabs: dict[str, tuple[list[int], int]] = field(default_factory=dict)
 
     def to(self) -> str:
         parts = []
@@ -212,7 +215,8 @@ def _draw_op(draw: Any, case: Case) -> None:
     shape = _shape(case)
     rank, rows = len(shape), (shape[0] if shape else 0)
     wild = draw(st.integers(0, 9)) == 0
-    choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows"]
+    choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows",
+               "permute_rows"]
     reducible = [v for v in case.free if v != "T"]
     choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat")]
     if "T" in case.free:
@@ -223,7 +227,7 @@ def _draw_op(draw: Any, case: Case) -> None:
     qkv_fits = [(h, k) for k in range(1, 4) for h in range(k, 7, k) if rows and rows % (h + 2 * k) == 0]
     if not wild:  # mostly ops that fit, so that most chains get far
         unfit = {"transpose": rank < 2, "rope_permute": not rope_fits, "rope_unpermute": not rope_fits,
-                 "qkv_interleave": not qkv_fits, "qkv_deinterleave": not qkv_fits}
+                 "qkv_interleave": not qkv_fits, "qkv_deinterleave": not qkv_fits, "permute_rows": rows == 0}
         choices = [c for c in choices if not unfit.get(c)]
     choice = draw(st.sampled_from(choices))
     verb, _, var = choice.partition(" ")
@@ -254,6 +258,8 @@ def _draw_op(draw: Any, case: Case) -> None:
         if fill == "normal":
             args.update(std=std, seed=seed)
         _apply(case, {"resize_rows": args}, lambda: _map(case, lambda t: ref_resize(t, new, fill, std, seed)))
+    elif verb == "permute_rows":
+        _draw_permutation(draw, case, rows + (1 if wild else 0))
     elif verb == "stack":
         case.free.remove(var)
         _apply(case, {"stack": {"over": var}}, lambda: _reduce(case, var, lambda ms, _: ref_stack(ms)))
@@ -278,12 +284,33 @@ def _draw_op(draw: Any, case: Case) -> None:
         _apply(case, {"split": {"into": "P", "dim": d}}, lambda: _split(case, "P", lambda t: ref_split(t, d, names)))
 
 
+def _draw_permutation(draw: Any, case: Case, rows: int) -> None:
+    """Two maps over one vocabulary, the first drafting ``rows`` tokens, in any order."""
+    vocab = rows + draw(st.integers(0, 4))
+    source = draw(st.permutations(range(vocab)))[:rows]
+    target = draw(st.permutations(range(vocab)))[:draw(st.integers(1, vocab))]
+    n = len(case.vocabs)
+    case.vocabs[f"v{n}"], case.vocabs[f"v{n + 1}"] = (list(source), vocab), (list(target), vocab)
+    fill = draw(st.sampled_from(["zeros", "mean", "normal"]))
+    std, seed = draw(st.sampled_from([0.02, 1.5])), draw(st.integers(0, 5))
+    missing: dict[str, Any] = {"init": fill}
+    if fill == "normal":
+        missing.update(std=std, seed=seed)
+    _apply(case, {"permute_rows": {"from": f"v{n}", "to": f"v{n + 1}", "missing_rows": missing}},
+           lambda: _map(case, lambda t: ref_permute(t, list(source), list(target), fill, std, seed)))
+
+
 # ------------------------------------------------------------------ the run
 
 
 def _rule(case: Case) -> str:
-    lines = ["version: 1", "sources: {model: {path: ./src}}", "convert: model", "tensors:",
-             f"  - key: '{case.key}'", f"    to: '{case.to()}'", "    ops:"]
+    lines = ["version: 1", "sources: {model: {path: ./src}" + (", maps: {path: ./maps}}" if case.vocabs else "}"),
+             "convert: model"]
+    if case.vocabs:
+        lines.append("vocab:")
+        lines += [f"  {name}: {{source: maps, d2t: {name}.d2t, t2d: {name}.t2d, encoding: absolute}}"
+                  for name in case.vocabs]
+    lines += ["tensors:", f"  - key: '{case.key}'", f"    to: '{case.to()}'", "    ops:"]
     lines += [f"      - {json.dumps(op)}" for op in case.ops]
     return "\n".join(lines) + "\n"
 
@@ -298,6 +325,14 @@ def write_case(case: Case, root: Path) -> tuple[Path, Path]:
     src.mkdir()
     save_file(case.tensors, str(src / "model.safetensors"))
     (src / "config.json").write_text(json.dumps({"model_type": "test", **case.config}))
+    if case.vocabs:
+        maps = root / "maps"
+        maps.mkdir()
+        vocab_tensors = {}
+        for name, (ids, size) in case.vocabs.items():
+            vocab_tensors[f"{name}.d2t"] = torch.tensor(ids, dtype=torch.int64)
+            vocab_tensors[f"{name}.t2d"] = torch.zeros(size, dtype=torch.bool).index_fill_(0, torch.tensor(ids), True)
+        save_file(vocab_tensors, str(maps / "model.safetensors"))
     rule = root / "rule.yaml"
     rule.write_text(_rule(case))
     return rule, src
@@ -338,7 +373,8 @@ def run_case(case: Case, root: Path) -> str:
 @given(cases())
 def test_a_chain_that_plans_applies_and_equals_the_torch_reference(case: Case) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        event(f"{case.kind}: {run_case(case, Path(tmp))}")
+        permuted = " (permute_rows in the chain)" if any("permute_rows" in op for op in case.ops) else ""
+        event(f"{case.kind}: {run_case(case, Path(tmp))}{permuted}")
 
 
 # ------------------------------------------------------------------ the chains of issue 21

@@ -629,10 +629,12 @@ def test_headline_tensor_rules_in_order(headline_rules: RuleSet) -> None:
     assert all(t.where.file == str(HEADLINE) for t in rules)
     assert rules[0].rename == "layers.0.\\1"
     lm_head = rules[2]
-    assert lm_head.permute_rows is not None and lm_head.missing_rows is not None
-    assert (lm_head.permute_rows.from_vocab, lm_head.permute_rows.to_vocab) == ("k2", "k25")
-    assert (lm_head.missing_rows.init, lm_head.missing_rows.rows_of, lm_head.missing_rows.tensor) == (
-        "rows_of", "verifier", "language_model.lm_head.weight")
+    # permute_rows and missing_rows at rule level are the one op step they spell
+    (step,) = lm_head.ops
+    assert (step.verb, step.rule_level) == ("permute_rows", True)
+    assert step.args == {"from": "k2", "to": "k25",
+                         "missing_rows": {"rows_of": "verifier", "tensor": "language_model.lm_head.weight"}}
+    assert step.where.line == _line_of("permute_rows:") and step.place("missing_rows").line == _line_of("missing_rows:")
     assert rules[3].skip is not None and rules[3].skip.startswith("replaced by")
     assert rules[4].optional is True
     assert rules[2].label == f"tensors[2] ({HEADLINE}:{rules[2].where.line})"

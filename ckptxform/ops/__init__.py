@@ -24,11 +24,12 @@ from .layout import (
     Unstack,
 )
 from .resize import ResizeRows
+from .rows import PermuteRows
 from .transpose import Transpose
 
 OPS: dict[str, OpDef] = {op.verb: op for op in (
     Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
-    QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(),
+    QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
 )}
 
 

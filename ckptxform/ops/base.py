@@ -24,12 +24,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from math import prod
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..digits import is_ascii_digits
 from ..dtypes import DTYPE_SIZES
 from ..errors import PlanError
 from ..where import Where
+
+if TYPE_CHECKING:
+    from ..vocab import Alignment, VocabMap
+    from .accounts import RowsOrigin
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,9 @@ class Accepts:
 
 class Context(ABC):
     """What an op's shape rule may ask of the planner: integers from expressions, and
-    where it is (every error names the rule's FILE:LINE)."""
+    where it is (every error names the rule's FILE:LINE); for ops that read more than their
+    input (permute_rows), the vocabulary alignments, other sources' tensors (each one more
+    input of the chain) and what the audit records of them."""
 
     label: str
 
@@ -175,14 +181,54 @@ class Context(ABC):
         """The JSON value at a dotted path of the converted source's config, None when absent."""
         raise NotImplementedError
 
+    def vocab(self, name: str) -> VocabMap:
+        """The rule file's vocabulary map ``name``."""
+        raise NotImplementedError
+
+    def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:
+        """Where each draft index of ``target_vocab`` finds its token in ``source_vocab``
+        (the plan keeps it)."""
+        raise NotImplementedError
+
+    def tensor_of(self, value: View) -> tuple[str, str, bool] | None:
+        """``(source, key, whole)`` of the source tensor ``value`` first reads (``whole``:
+        it is that tensor, every byte in order); None when it reads none."""
+        raise NotImplementedError
+
+    def other_tensor(self, source: str, key: str, what: str) -> tuple[View, str]:
+        """``source``'s tensor ``key`` whole, as one more input of the chain, and its header
+        dtype; a missing one is a plan error naming ``what`` asked for it."""
+        raise NotImplementedError
+
+    def block_input(self, block: Block) -> View:
+        """A block op's output as one more input of the chain (runs of a view may point at it)."""
+        raise NotImplementedError
+
+    def lend(self, source: str, key: str, arg: str, reason: str) -> None:
+        """Record in the audit that ``source``'s tensor ``key`` lends bytes to this output,
+        at the place of the op's argument ``arg``."""
+        raise NotImplementedError
+
+    def account(self, rows: RowsOrigin, reason: str) -> None:
+        """Where the rows of this output come from (``require.min_rows_from_source`` and the
+        audit read it), and the audit's reason for the tensor it permutes."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True)
 class Step:
-    """One op of a rule's chain as written: its verb, raw arguments and place."""
+    """One op of a rule's chain as written: its verb, raw arguments and place.
+    ``rule_level``: written as a key of the rule (``permute_rows:``), which messages then
+    name; ``places``: where its arguments were written, when apart from it."""
 
     op: OpDef
     args: Any
     where: Where
+    rule_level: bool = False
+    places: tuple[tuple[str, Where], ...] = ()
+
+    def place(self, arg: str) -> Where:
+        return dict(self.places).get(arg, self.where)
 
     @property
     def verb(self) -> str:
@@ -235,6 +281,14 @@ class OpDef(ABC):
     #: ``block`` (a ``Block``, made a bounded block at a time) or ``either`` (per arguments
     #: and inputs); the planner holds the op to it
     yields: ClassVar[Literal["view", "block", "either"]] = "view"
+    #: the audit's action for a tensor the op changes
+    action: ClassVar[str] = "transformed"
+    #: the output is made, not moved (a fill): its bytes are none of the inputs'
+    fills: ClassVar[bool] = False
+
+    def sources(self, args: Any) -> tuple[str, ...]:
+        """The sources the op reads besides its input (they are opened for the plan)."""
+        return ()
 
     def variable(self, args: Any) -> str | None:
         """The template variable a reduce op reduces (``over``) or a split op makes (``into``)."""

@@ -295,8 +295,11 @@ def _untie(rule: TensorRule) -> dict[str, Any]:
 
 
 def _invert_match_rule(rule: TensorRule) -> dict[str, Any]:
-    if rule.permute_rows is not None:
-        raise NoInverse("permute_rows: a vocabulary permutation (with filled rows) has no inverse")
+    for step in rule.ops:  # a match rule's ops are its rule-level permute_rows
+        try:
+            step.op.inverse(step.args)
+        except NoInverse as why:
+            raise NoInverse(f"{step.verb}: {why}") from None
     if rule.cast is not None:
         raise NoInverse(f"cast: {rule.cast} is a lossy cast")
     if rule.rename is None:

@@ -13,10 +13,11 @@ import os
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 from ..errors import RuleError, quote
 from ..fileio import is_utf8
+from ..ops import OPS
+from ..ops.base import Step
 from .extends import Merged, Node, inverse_config, merge_chain, read_chain
 from .file_rules import build_file_rules
 from .key_pattern import KeyPattern
@@ -26,9 +27,7 @@ from .model import (
     ConfigSpec,
     LoadedPattern,
     MinRows,
-    MissingRows,
     OutputSpec,
-    PermuteRows,
     Require,
     RuleSet,
     SourceSpec,
@@ -39,7 +38,6 @@ from .config_assertions import config_assertion_problems, parse_config_assertion
 from .schema_check import schema_problems
 from .semantic_checks import Problem, semantic_problems
 from .template_rules import parse_template_rule
-from .yaml_source import Where
 
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$")
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -139,15 +137,10 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
                 cast=v.get("cast"), optional=v.get("optional", False), template=parsed.key, to=parsed.to,
                 ops=parsed.steps, tie=v.get("tie")))
             continue
-        permute = v.get("permute_rows")
-        missing = v.get("missing_rows")
         tensors.append(TensorRule(
             index=index, where=node.where(), match=v["match"],
             pattern=KeyPattern.compile(v["match"], label=node.at("match")),
-            rename=v.get("rename"), skip=v.get("skip"),
-            permute_rows=PermuteRows(permute["from"], permute["to"], node.where("permute_rows"))
-            if permute else None,
-            missing_rows=_missing(missing, node.where("missing_rows")) if missing else None,
+            rename=v.get("rename"), skip=v.get("skip"), ops=_rule_level_ops(node),
             cast=v.get("cast"), optional=v.get("optional", False), tie=v.get("tie")))
     add = {}
     for key, node in m.named["add"].items():
@@ -178,7 +171,14 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
                    output=output, sha256=sha256, files=files)
 
 
-def _missing(v: dict[str, Any], where: Where) -> MissingRows:
-    if "rows_of" in v:
-        return MissingRows(where=where, init="rows_of", rows_of=v["rows_of"], tensor=v["tensor"])
-    return MissingRows(where=where, init=v["init"], std=float(v.get("std", 0.02)), seed=int(v.get("seed", 0)))
+def _rule_level_ops(node: Node) -> tuple[Step, ...]:
+    """A regex rule's ``permute_rows`` (with ``missing_rows`` beside it) as the op it spells."""
+    v = node.value
+    if "permute_rows" not in v:
+        return ()
+    args = dict(v["permute_rows"])
+    places = ()
+    if "missing_rows" in v:
+        args["missing_rows"] = v["missing_rows"]
+        places = (("missing_rows", node.where("missing_rows")),)
+    return (Step(OPS["permute_rows"], args, node.where("permute_rows"), rule_level=True, places=places),)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .file_rules import FileRule
 from .key_pattern import KeyPattern
-from .templates import Template
+from .templates import Template, expand_from
 from .yaml_source import Where
 
 if TYPE_CHECKING:
@@ -66,30 +66,12 @@ class VocabSpec:
 
 
 @dataclass(frozen=True)
-class MissingRows:
-    """Where the rows of target tokens absent from the source vocabulary come from."""
-
-    where: Where
-    init: Literal["rows_of", "zeros", "mean", "normal"]
-    rows_of: str | None = None
-    tensor: str | None = None
-    std: float = 0.02
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class PermuteRows:
-    from_vocab: str
-    to_vocab: str
-    where: Where
-
-
-@dataclass(frozen=True)
 class TensorRule:
-    """One entry of ``tensors``: a key pattern and what happens to the tensors it matches.
-
-    A rule written with ``key`` (a template) has ``template`` set, its ``pattern`` is the
-    template's regex, and ``to``/``ops`` say which outputs its groups make."""
+    """One entry of ``tensors``: a key pattern, the outputs it names and the op chain that
+    makes them. Two spellings, one node: a ``key`` template has ``template`` set (its
+    ``pattern`` is the template's regex) and ``to`` names the outputs of its groups; a
+    ``match`` regex names one output per tensor, ``rename`` (or the key as it is), and its
+    ``permute_rows``/``missing_rows`` are the first step of ``ops``."""
 
     index: int
     where: Where
@@ -97,8 +79,6 @@ class TensorRule:
     pattern: KeyPattern
     rename: str | None = None
     skip: str | None = None
-    permute_rows: PermuteRows | None = None
-    missing_rows: MissingRows | None = None
     cast: str | None = None
     optional: bool = False
     template: Template | None = None
@@ -111,14 +91,39 @@ class TensorRule:
         """How messages name this rule: ``tensors[2] (rules.yaml:14)``."""
         return f"tensors[{self.index}] ({self.where.short})"
 
-    def output_key(self, key: str) -> str | None:
-        """The output key for a matching source ``key`` (None when skipped or not matched)."""
+    def binding(self, key: str) -> dict[str, str] | None:
+        """The template variables a matching source ``key`` binds (a regex rule binds the
+        whole key as ``0``, no template variable's name); None when it does not match."""
+        if self.template is not None:
+            return self.template.match(key)
+        return {WHOLE_KEY: key} if self.pattern.fullmatch(key) else None
+
+    def targets(self, binding: dict[str, str]) -> list[str]:
+        """The output keys of a group with ``binding`` (one per ``to``)."""
+        if self.template is not None:
+            return [expand_from(target, self.template, binding) for target in self.to]
+        key = binding[WHOLE_KEY]
         m = self.pattern.fullmatch(key)
-        if m is None or self.skip is not None or self.tie is not None:
+        assert m is not None
+        return [m.expand(self.rename) if self.rename is not None else key]
+
+    def output_key(self, key: str) -> str | None:
+        """The output key for a matching source ``key`` (None when skipped, tied, not matched,
+        or a template rule with ops or several outputs)."""
+        binding = self.binding(key)
+        if binding is None or self.skip is not None or self.tie is not None:
             return None
         if self.template is not None:
-            return self.to[0].expand(m.groupdict()) if not self.ops and len(self.to) == 1 else None
-        return m.expand(self.rename) if self.rename is not None else key
+            return self.to[0].expand(binding) if not self.ops and len(self.to) == 1 else None
+        return self.targets(binding)[0]
+
+    def sources(self) -> tuple[str, ...]:
+        """The sources its ops read besides the converted one (a ``missing_rows`` rows_of)."""
+        return tuple(name for step in self.ops for name in step.op.sources(step.args))
+
+
+#: how a regex rule's binding names the whole matched key
+WHOLE_KEY = "0"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,10 @@ def semantic_problems(m: Merged) -> list[Problem]:
     def check_ref(node: Node, sub: tuple[str | int, ...], kind: str, defined: list[str]) -> None:
         value = node.value
         for part in sub:
-            value = value.get(part) if isinstance(value, dict) else None
+            if isinstance(value, list) and isinstance(part, int):
+                value = value[part] if part < len(value) else None
+            else:
+                value = value.get(part) if isinstance(value, dict) else None
         if isinstance(value, str) and value not in defined:
             report(node, sub, f"unknown {kind} {value!r}{_did_you_mean(value, defined)}")
 
@@ -83,6 +86,8 @@ def semantic_problems(m: Merged) -> list[Problem]:
             for sub, value in _op_expressions(rule):
                 for at, message in _reference_problems(value, sub, sources, vocabs):
                     report(node, at, message)
+                if sub[-1] == "permute_rows" and isinstance(value, dict):
+                    _permutation_refs(node, sub[:-1], check_ref, sources, vocabs)
             if parsed.key is not None and not parsed.problems:
                 earlier.append(KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")))
                 for tpl in parsed.to:
@@ -96,11 +101,7 @@ def semantic_problems(m: Merged) -> list[Problem]:
         shadowed = source_key is not None and any(p.fullmatch(source_key) for p in earlier)
         if pattern is not None:
             earlier.append(pattern)
-        if isinstance(rule.get("permute_rows"), dict):
-            check_ref(node, ("permute_rows", "from"), "vocabulary", vocabs)
-            check_ref(node, ("permute_rows", "to"), "vocabulary", vocabs)
-        if isinstance(rule.get("missing_rows"), dict):
-            check_ref(node, ("missing_rows", "rows_of"), "source", sources)
+        _permutation_refs(node, (), check_ref, sources, vocabs)
         template = rule.get("rename")
         if pattern is not None and isinstance(template, str):
             bad_group = False
@@ -150,6 +151,16 @@ def semantic_problems(m: Merged) -> list[Problem]:
                     for sub, problem in _reference_problems(value, ("set", field_name), sources, vocabs):
                         report(config, sub, problem)
     return out
+
+
+def _permutation_refs(node: Node, at: tuple[str | int, ...], check_ref: Any, sources: list[str],
+                      vocabs: list[str]) -> None:
+    """The vocabularies and the source a permute_rows (at rule level, ``at`` = (), or in
+    ``ops``) names; its ``missing_rows`` stands beside it at rule level, inside it in ops."""
+    check_ref(node, (*at, "permute_rows", "from"), "vocabulary", vocabs)
+    check_ref(node, (*at, "permute_rows", "to"), "vocabulary", vocabs)
+    check_ref(node, (*at, "permute_rows", "missing_rows", "rows_of") if at else ("missing_rows", "rows_of"),
+              "source", sources)
 
 
 def _compile(value: Any, node: Node, sub: tuple[str | int, ...], report: Any) -> KeyPattern | None:

@@ -53,7 +53,8 @@ def parse_template_rule(rule: dict[str, Any], where: Any) -> ParsedTemplateRule:
         op = OPS.get(verb)
         if op is None:
             continue
-        steps.append(Step(op, args, where("ops", i)))
+        places = tuple((name, where("ops", i, verb, name)) for name in args) if isinstance(args, dict) else ()
+        steps.append(Step(op, args, where("ops", i), places=places))
         for sub, value in _expressions(args, ("ops", i, verb)):
             try:
                 parse_expression(value)

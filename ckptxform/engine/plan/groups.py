@@ -1,28 +1,46 @@
-"""Plan a ``key:`` rule: claim its source tensors into complete groups, run its op chain
+"""Plan a tensor rule: claim its source tensors into complete groups, run its op chain
 on views (shapes checked, nothing read), and make one recipe per output.
 
-A group is every tensor that agrees on the variables the chain keeps; a reduce op
-(stack, concat) takes the members in order (an enumeration's listed order, else natural
-index order) and a missing member is a plan error naming the key that is missing.
+A group is every tensor that agrees on the variables the chain keeps (a ``match`` rule
+binds the whole key: each tensor is its own group); a reduce op (stack, concat) takes the
+members in order (an enumeration's listed order, else natural index order) and a missing
+member is a plan error naming the key that is missing. An op that reads more than its
+input (permute_rows) asks the planner through the step's Context (``PlannerAccess``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any
+from typing import Any, Protocol
 
 from ...dtypes import DTYPE_SIZES
 from ...errors import PlanError
 from ...ops.base import Block, Context, IndexNames, Run, Step, Value, View, check_yield
+from ...ops.accounts import RowsOrigin
 from ...rules.model import TensorRule
-from ...rules.templates import Template, expand_from, is_index, natural_key
+from ...rules.templates import is_index, natural_key
 from ...sources.base import TensorInfo
+from ...vocab import Alignment, VocabMap
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
 from .references import MISSING, References, get_path
 
 Binding = tuple[tuple[str, str], ...]
+#: a source tensor a chain reads: (source, header entry)
+Held = tuple[str, TensorInfo]
+
+
+class PlannerAccess(Protocol):
+    """What a chain's ops may ask of the planner beyond the rule's own tensors."""
+
+    vocab: Mapping[str, VocabMap]
+
+    def alignment(self, source_vocab: str, target_vocab: str) -> Alignment: ...
+
+    def tensor(self, source: str, key: str, why: str) -> TensorInfo: ...
+
+    def lend(self, source: str, info: TensorInfo, where: str, reason: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -37,14 +55,49 @@ class PlannedOutput:
     #: the one member's bytes as they are: the chain passed it through (a dequant op's
     #: unquantized norm), so it is recorded as loaded or renamed, not as transformed
     unchanged: bool = False
+    #: what an op said the audit records of the tensors it changed (a permutation's rows)
+    reason: str | None = None
 
 
 class _StepContext(Context):
-    def __init__(self, refs: References, label: str, binding: Binding,
+    def __init__(self, chain: _Chain, step: Step, label: str, binding: Binding,
                  member_key: Callable[[str], str] | None = None) -> None:
         self.label = label
+        refs = chain.refs
         self._refs = References(refs.rules, refs.ckpts, refs.vocab, refs.config, refs.config_label, dict(binding))
         self._member_key = member_key
+        self._chain, self._step, self._binding = chain, step, binding
+
+    def vocab(self, name: str) -> VocabMap:
+        return self._chain.access.vocab[name]
+
+    def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:
+        return self._chain.access.alignment(source_vocab, target_vocab)
+
+    def tensor_of(self, value: View) -> tuple[str, str, bool] | None:
+        first = next((run for run in value.runs if run.input >= 0), None)
+        if first is None:
+            return None
+        item = self._chain.space[first.input]
+        if isinstance(item, Block):
+            inner = next((self.tensor_of(view) for view in item.inputs), None)
+            return None if inner is None else (inner[0], inner[1], False)
+        source, info = item
+        return source, info.key, value.runs == (Run(first.input, 0, info.nbytes),) and value.shape == info.shape
+
+    def other_tensor(self, source: str, key: str, what: str) -> tuple[View, str]:
+        info = self._chain.access.tensor(source, key, f"{self.label} {what}")
+        return self._chain.hold((source, info)), info.dtype
+
+    def block_input(self, block: Block) -> View:
+        return self._chain.hold(block)
+
+    def lend(self, source: str, key: str, arg: str, reason: str) -> None:
+        info = self._chain.access.tensor(source, key, self.label)
+        self._chain.access.lend(source, info, self._step.place(arg).short, reason)
+
+    def account(self, rows: RowsOrigin, reason: str) -> None:
+        self._chain.accounts[self._binding] = (rows, reason)
 
     def key(self, value: str) -> str:
         assert self._member_key is not None, "key() is for reduce ops"
@@ -61,34 +114,41 @@ class _StepContext(Context):
         return PlanError(f"{self.label}: {message}", key=key)
 
 
-def plan_template_rule(rule: TensorRule, source: str, members: list[TensorInfo],
-                       refs: References) -> list[PlannedOutput]:
-    """The outputs of ``rule`` over the source tensors it matched, in key order."""
-    key = rule.template
-    assert key is not None
-    chain = _Chain(rule, key, refs, list(members))
+def plan_rule(rule: TensorRule, source: str, members: list[TensorInfo], refs: References,
+              access: PlannerAccess) -> list[PlannedOutput]:
+    """The outputs of ``rule`` over the source tensors of ``source`` it matched, in key order."""
+    chain = _Chain(rule, refs, [(source, info) for info in members], access)
     items: list[tuple[Binding, Value]] = []
     for i, info in enumerate(members):
-        matched = key.match(info.key)
+        matched = rule.binding(info.key)
         assert matched is not None
         items.append((tuple(sorted(matched.items())), View(info.shape, info.dtype, (Run(i, 0, info.nbytes),))))
     for index, step in enumerate(rule.ops):
-        label = f"tensors[{rule.index}].ops[{index}] {step.verb} ({step.where.short})"
+        label = rule.label if step.rule_level else f"tensors[{rule.index}].ops[{index}] {step.verb} ({step.where.short})"
         items = chain.apply(step, items, label)
     out = []
     for binding, value in items:
-        for target in rule.to:
-            out.append(chain.output(expand_from(target, key, dict(binding)), value, source))
+        for target in rule.targets(dict(binding)):
+            out.append(chain.output(target, value, binding))
     return sorted(out, key=lambda o: o.key)
 
 
 class _Chain:
     """One rule's op chain. ``space`` is what runs point at: the matched source tensors,
-    then each block op's output that a later op reads."""
+    then what ops add (another source's tensor, a block op's output that a later op reads);
+    ``accounts`` holds, per group, a row permutation's origin and the audit's reason."""
 
-    def __init__(self, rule: TensorRule, key: Template, refs: References, members: list[TensorInfo]) -> None:
-        self.rule, self.key, self.refs = rule, key, refs
-        self.space: list[TensorInfo | Block] = list(members)
+    def __init__(self, rule: TensorRule, refs: References, members: list[Held], access: PlannerAccess) -> None:
+        self.rule, self.key, self.refs, self.access = rule, rule.template, refs, access
+        self.space: list[Held | Block] = list(members)
+        self.members = len(members)
+        self.accounts: dict[Binding, tuple[RowsOrigin, str]] = {}
+
+    def hold(self, item: Held | Block) -> View:
+        """``item`` as one more input: a view of all its bytes."""
+        self.space.append(item)
+        shape, dtype = (item.shape, item.dtype) if isinstance(item, Block) else (item[1].shape, item[1].dtype)
+        return View(shape, dtype, (Run(len(self.space) - 1, 0, prod(shape) * DTYPE_SIZES[dtype]),))
 
     def view(self, value: Value, step: Step, ctx: _StepContext, member: str | None = None) -> View:
         """``value`` as an input of ``step``, refused when the op's contract does not take it."""
@@ -97,8 +157,7 @@ class _Chain:
                 raise ctx.error(f"{step.verb} reads its input by rows, and the output of {value.op.verb} "
                                 f"cannot be made a range of rows at a time; {value.op.verb} must be the "
                                 "last op of the chain")
-            self.space.append(value)
-            value = View(value.shape, value.dtype, (Run(len(self.space) - 1, 0, prod(value.shape) * DTYPE_SIZES[value.dtype]),))
+            value = self.hold(value)
         problem = step.op.accepts.problem(value)
         if problem is not None:
             raise ctx.error(f"{step.verb} {problem}" + (f" ({ctx.key(member)!r})" if member is not None else ""))
@@ -109,13 +168,13 @@ class _Chain:
         out: list[tuple[Binding, Value]] = []
         if op.kind == "map":
             for binding, value in items:
-                ctx = _StepContext(self.refs, label, binding)
+                ctx = _StepContext(self, step, label, binding)
                 out.append((binding, check_yield(op, op.map(step.args, ctx, self.view(value, step, ctx)))))
             return out
         if op.kind == "split":
             names = next((t.variables[var].values for t in self.rule.to if var in t.variables), None) if var else None
             for binding, value in items:
-                ctx = _StepContext(self.refs, label, binding)
+                ctx = _StepContext(self, step, label, binding)
                 for name, part in op.split(step.args, ctx, self.view(value, step, ctx), names):
                     out.append((tuple(sorted((*binding, (var or "", name)))), check_yield(op, part)))
             return out
@@ -126,10 +185,10 @@ class _Chain:
             member = bound.pop(var)
             groups.setdefault(tuple(sorted(bound.items())), []).append((member, value))
         for rest, values in sorted(groups.items()):
-            ctx = _StepContext(self.refs, label, rest,
-                               lambda v, rest=rest: _member_key(self.key, dict(rest), var, v))
+            ctx = _StepContext(self, step, label, rest, lambda v, rest=rest: self.member_key(dict(rest), var, v))
             group = [(m, self.view(value, step, ctx, m)) for m, value in values]
             present = {m for m, _ in group}
+            assert self.key is not None  # the loader gives a match rule map ops only
             if op.partial_groups and var in self.key.variables:
                 order = [m for m in self.key.variables[var].values if m in present]
             else:
@@ -144,6 +203,7 @@ class _Chain:
         A count (a config field, a header's dim, the largest index in a key) may be any
         size: the group is checked against it before a name is listed, so a huge one is
         a missing member, not an unbounded list."""
+        assert self.key is not None
         enumerated = self.key.variables[var].values if var in self.key.variables else None
         expected = enumerated or step.op.expected(step.args, ctx)
         if expected is not None:
@@ -156,7 +216,7 @@ class _Chain:
         inside = [m for m in present if m in order]
         if len(inside) < len(order):
             first = next(m for m in order if m not in present)  # among the first len(present) + 1
-            name = _member_key(self.key, dict(rest), var, first)
+            name = self.member_key(dict(rest), var, first)
             missing = len(order) - len(inside)
             raise ctx.error(f"incomplete group: {name!r} is missing"
                             + (f" ({missing:,} members missing)" if missing > 1 else "")
@@ -164,11 +224,11 @@ class _Chain:
                             + ("..." if len(order) > 8 else ""), key=name)
         extra = sorted(present - set(inside), key=natural_key)
         if extra:
-            raise ctx.error(f"{_member_key(self.key, dict(rest), var, extra[0])!r} is beyond the {len(order)} "
+            raise ctx.error(f"{self.member_key(dict(rest), var, extra[0])!r} is beyond the {len(order)} "
                             f"members {verb} over {{{var}}} expects ({', '.join(order[:8])})")
         return list(order)
 
-    def output(self, out_key: str, value: Value, source: str) -> PlannedOutput:
+    def output(self, out_key: str, value: Value, binding: Binding) -> PlannedOutput:
         """The recipe of one output: the inputs it reads (renumbered in reading order)."""
         used: dict[int, int] = {}
 
@@ -184,33 +244,52 @@ class _Chain:
         roots = value.inputs if isinstance(value, Block) else (value,)
         for view in roots:
             visit(view)
-        if not used and self.space:
-            used[0] = 0
+        if not used and self.members:  # all zeros: it is still the output of its group's member
+            used[self._member_of(binding)] = 0
 
         def remap(view: View) -> View:
             return View(view.shape, view.dtype,
                         tuple(Run(used[r.input], r.start, r.length) if r.input >= 0 else r for r in view.runs))
 
-        def program_input(item: TensorInfo | Block) -> TensorRef | Block:
+        def program_input(item: Held | Block) -> TensorRef | Block:
             if isinstance(item, Block):
                 return Block(item.op, item.args, tuple(remap(v) for v in item.inputs), item.shape, item.dtype)
-            return TensorRef(source, item.key)
+            return TensorRef(item[0], item[1].key)
 
         inputs = tuple(program_input(self.space[i]) for i in used)
-        read = tuple(m for i in used if isinstance(m := self.space[i], TensorInfo))
+        read = tuple(held[1] for i in used if i < self.members and not isinstance(held := self.space[i], Block))
+        if not read and self.members:  # all made (a filled row split off): still its group's output
+            held = self.space[self._member_of(binding)]
+            assert not isinstance(held, Block)
+            read = (held[1],)
         steps = tuple(step.op.describe(step.args) for step in self.rule.ops)
+        rows, reason = self.accounts.get(binding, (None, None))
         if isinstance(value, Block):
             block = program_input(value)
             assert isinstance(block, Block)
-            return PlannedOutput(out_key, value.shape, value.dtype, BlockProgram(inputs, block, steps), read)
+            return PlannedOutput(out_key, value.shape, value.dtype, BlockProgram(inputs, block, steps, rows), read,
+                                 reason=reason)
         view = remap(value)
-        only = self.space[next(iter(used))] if len(used) == 1 else None
-        if isinstance(only, TensorInfo) and view.runs == (Run(0, 0, only.nbytes),) and view.shape == only.shape:
-            return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(source, only.key), read, unchanged=True)
-        return PlannedOutput(out_key, view.shape, view.dtype, ByteProgram(inputs, view, steps), read)
+        first = next(iter(used))
+        # a permutation that keeps every row in place is still one (its rows are counted)
+        only = self.space[first] if len(used) == 1 and first < self.members and rows is None else None
+        if isinstance(only, tuple) and view.runs == (Run(0, 0, only[1].nbytes),) and view.shape == only[1].shape:
+            return PlannedOutput(out_key, view.shape, view.dtype, CopyTensor(only[0], only[1].key), read,
+                                 unchanged=True)
+        return PlannedOutput(out_key, view.shape, view.dtype, ByteProgram(inputs, view, steps, rows), read,
+                             reason=reason)
 
+    def _member_of(self, binding: Binding) -> int:
+        """The first member whose key binds what ``binding`` does."""
+        for i in range(self.members):
+            held = self.space[i]
+            assert not isinstance(held, Block)
+            if set(binding) <= set((self.rule.binding(held[1].key) or {}).items()):
+                return i
+        return 0
 
-def _member_key(key: Template, bound: dict[str, str], var: str, value: str) -> str:
-    """The source key of one member of a group (variables no longer bound shown as ``{X}``)."""
-    names = {**bound, var: value}
-    return "".join(p if isinstance(p, str) else names.get(p.name, "{" + p.name + "}") for p in key.parts)
+    def member_key(self, bound: dict[str, str], var: str, value: str) -> str:
+        """The source key of one member of a group (variables no longer bound shown as ``{X}``)."""
+        assert self.key is not None, "only a key: rule regroups"
+        names = {**bound, var: value}
+        return "".join(p if isinstance(p, str) else names.get(p.name, "{" + p.name + "}") for p in self.key.parts)

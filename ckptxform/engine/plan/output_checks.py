@@ -1,11 +1,11 @@
 """What the planner asks of each output tensor beyond its shape: can its key name a
-tensor, can the values it decodes be made exactly, and does a tensor tied to it match it."""
+tensor, can the cast it decodes be made exactly, and does a tensor tied to it match it."""
 
 from __future__ import annotations
 
 import re
 
-from ...dtypes import cast_problem, decodable, is_float
+from ...dtypes import cast_problem
 from ...errors import quote
 from ...sources.base import TensorInfo
 from .recipes import OutputPlan
@@ -27,23 +27,13 @@ def key_problem(key: str) -> str | None:
 
 
 def value_problem(out: OutputPlan) -> str | None:
-    """Why the values ``out`` decodes (a cast, a numeric fill) cannot be made exactly or
-    at all; None when they can, or when it moves bytes only. Decided here, never mid-apply."""
+    """Why the cast ``out`` decodes cannot be made exactly; None when it can, or when it
+    moves bytes only. Decided here, never mid-apply (an op's own values: by its shape rule)."""
     if out.dtype != out.input_dtype:
         why = cast_problem(out.input_dtype, out.dtype)
         if why is not None:
             return (f"cast {out.input_dtype} -> {out.dtype} of {quote(out.key)} cannot be exact: {why}; "
                     f"drop the cast and keep {out.input_dtype}")
-    account = out.recipe.row_account()
-    init = account.init if account is not None else None
-    if init is None:
-        return None
-    if init in ("mean", "normal") and not (is_float(out.input_dtype) and decodable(out.input_dtype)):
-        return (f"missing_rows init: {init} makes float values and {quote(out.key)} is {out.input_dtype}; "
-                "use init: zeros, or rows_of a tensor that has the rows")
-    if init == "zeros" and out.input_dtype == "F8_E8M0":
-        return (f"missing_rows init: zeros cannot fill {quote(out.key)}: F8_E8M0 (a power-of-two scale) has no "
-                "zero; use rows_of a tensor that has the rows")
     return None
 
 

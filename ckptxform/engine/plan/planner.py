@@ -1,6 +1,7 @@
 """build_plan(RuleSet, checkpoints) -> Plan, from headers, the rule file and the vocab maps
-only: each source tensor matched to its rule, each output planned (copy, rename, cast, row
-permutation, op chain, ``add``, ``tie``), every tensor of every file opened recorded.
+only: each source tensor matched to its rule, each rule's outputs planned by one path
+(its groups and op chain: a rename, a cast, a row permutation are chains too), ``add`` and
+``tie`` entries, every tensor of every file opened recorded.
 
 Every check is decided here or in what this calls (output_checks.py, requirements.py,
 vocab_maps.py), so a failing ``apply`` fails before any weight byte is read and before
@@ -14,10 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...dtypes import USER_DTYPES, cast_problem
+from ...dtypes import USER_DTYPES
 from ...errors import PlanError, SourceNotFoundError, printable, quote_keys
-from ...ops.base import Block, Run, View
-from ...ops.rows import permuted_rows
 from ...rules.model import AddEntry, RuleSet, TensorRule
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
@@ -27,19 +26,9 @@ from .cast_checks import check_quantized_casts
 from .config_checks import check_config
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
-from .groups import plan_template_rule
+from .groups import plan_rule
 from .output_checks import key_problem, tie_problem, value_problem
-from .recipes import (
-    ByteProgram,
-    CopyTensor,
-    OutputPlan,
-    RowAccount,
-    RowsOrigin,
-    SourceRecord,
-    TensorRecord,
-    TensorRef,
-    VocabField,
-)
+from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
 from .vocab_maps import read_vocab_map
@@ -126,8 +115,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
         if spec.source:
             names.add(spec.source)
     for rule in rules.tensors:
-        if rule.missing_rows and rule.missing_rows.rows_of:
-            names.add(rule.missing_rows.rows_of)
+        names.update(rule.sources())
     for entry in rules.add.values():
         if entry.source:
             names.add(entry.source)
@@ -269,17 +257,19 @@ class _Planner:
                                  "no rule matches (require.strict: false)")
                 continue
             matched[rule.index] = matched.get(rule.index, 0) + 1
-            if rule.template is not None and rule.skip is None and rule.tie is None:
-                grouped.setdefault(rule.index, []).append(info)
+            if rule.skip is not None or rule.tie is not None:
+                self._plan_tie_or_skip(source, info, rule)
+            elif rule.template is None:  # binds the whole key: a group of one, complete now
+                self._plan_rule(source, rule, [info])
             else:
-                self._plan_tensor(source, info, rule)
+                grouped.setdefault(rule.index, []).append(info)
         if unmatched:
             raise PlanError(
                 f"{self.rules.path}: {len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} of source "
                 f"{source!r} match no rule: {quote_keys(unmatched)}; add a rule for each (or a 'skip' "
                 "with its reason), or set require.strict: false", source=source)
         for index, members in grouped.items():
-            self._plan_group(source, self.rules.tensors[index], members)
+            self._plan_rule(source, self.rules.tensors[index], members)
         keys = list(ckpt.tensors)
         for rule in self.rules.tensors:
             # A rule overridden by an earlier one (a child file's, under extends) matches
@@ -287,133 +277,77 @@ class _Planner:
             if rule.index not in matched and not rule.optional and not any(map(rule.pattern.fullmatch, keys)):
                 self.warnings.append(f"{rule.label}: match '{rule.match}' matched no tensor of {source!r}")
 
-    def _plan_tensor(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
+    def _plan_tie_or_skip(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
         where = rule.where.short
         if rule.skip is not None:
             self._record(source, info, "skipped", None, where, rule.skip)
             return
-        if rule.tie is not None:
-            self.ties.append((source, info.key, rule.tie, rule.label))
-            self._record(source, info, "tied", None, where,
-                         f"not written: the same bytes as output {rule.tie!r} (checked by apply)")
-            return
-        target = rule.output_key(info.key)
-        assert target is not None
-        if rule.permute_rows is not None:
-            recipe, shape, reason = self._permutation(source, info, rule)
-            action = "permuted"
-        else:
-            recipe, shape = CopyTensor(source, info.key), info.shape
-            action = "renamed" if target != info.key else "loaded"
-            reason = "matched" + (f", renamed to {target!r}" if action == "renamed" else "")
-        dtype = self._out_dtype(info.dtype, rule.cast)
-        if dtype != info.dtype:
-            action = "cast" if action == "loaded" else action
-            reason += f", cast {info.dtype} -> {dtype}"
-        self._add_output(OutputPlan(target, dtype, shape, recipe, info.dtype, where,
-                                    loaded=recipe.carries_input_bytes()),
-                         f"{rule.label} (from {source}:{printable(info.key)})")
-        self._record(source, info, action, target, where, reason)
+        assert rule.tie is not None
+        self.ties.append((source, info.key, rule.tie, rule.label))
+        self._record(source, info, "tied", None, where,
+                     f"not written: the same bytes as output {rule.tie!r} (checked by apply)")
 
-    def _plan_group(self, source: str, rule: TensorRule, members: list[TensorInfo]) -> None:
-        """A ``key:`` rule: its groups, op chains and outputs (engine/plan/groups.py)."""
-        refs = self._references(source)
+    def _plan_rule(self, source: str, rule: TensorRule, members: list[TensorInfo]) -> None:
+        """A rule's groups, op chains and outputs (engine/plan/groups.py), and a record of
+        each tensor it matched."""
         targets: dict[str, list[str]] = {}
         #: members an op chain passed through unchanged (a dequant op's unquantized norm):
         #: recorded as loaded or renamed, not as transformed
         unchanged: set[str] = set()
+        #: what the ops said of the members they changed (a permutation's rows)
+        said: dict[str, str] = {}
         chain = "; ".join(step.op.describe(step.args) for step in rule.ops)
-        for planned in plan_template_rule(rule, source, members, refs):
+        for planned in plan_rule(rule, source, members, self._references(source), self):
             if planned.unchanged:
                 unchanged.update(info.key for info in planned.members)
+            if planned.reason is not None:
+                said.update((info.key, planned.reason) for info in planned.members)
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
-                                        rule.where.short, loaded=planned.recipe.carries_input_bytes()),
-                             f"{rule.label} (from {source}:{planned.members[0].key})")
+                                        rule.where.short, loaded=planned.recipe.carries_bytes_of(source)),
+                             f"{rule.label} (from {source}:{printable(planned.members[0].key)})")
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)
+        actions = {step.op.action for step in rule.ops}
         for info in members:
             outs = targets.get(info.key, [])
             if not outs:
                 self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
                 continue
-            transformed = bool(rule.ops) and info.key not in unchanged
-            action = "transformed" if transformed else ("renamed" if outs != [info.key] else "loaded")
-            reason = (f"{chain} -> " if transformed else "matched -> ") + ", ".join(map(repr, outs))
             dtype = self._out_dtype(info.dtype, rule.cast)
+            if rule.ops and info.key not in unchanged:
+                action = actions.pop() if len(actions) == 1 else "transformed"
+                actions.add(action)
+                reason = said.get(info.key) or f"{chain} -> " + ", ".join(map(repr, outs))
+            else:
+                action = "renamed" if outs != [info.key] else "loaded"
+                if rule.template is not None:
+                    reason = "matched -> " + ", ".join(map(repr, outs))
+                else:  # a match rule's wording, as the audit has always put it
+                    reason = "matched" + (f", renamed to {outs[0]!r}" if action == "renamed" else "")
+                    action = "cast" if action == "loaded" and dtype != info.dtype else action
             if dtype != info.dtype:
                 reason += f", cast {info.dtype} -> {dtype}"
             self._record(source, info, action, outs[0] if len(outs) == 1 else tuple(outs), rule.where.short, reason)
+
+    # -- what a chain's ops ask (groups.PlannerAccess) -----------------------------------
+    def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:
+        name = f"{source_vocab}->{target_vocab}"
+        if name not in self.alignments:
+            self.alignments[name] = self.vocab[source_vocab].alignment_to(self.vocab[target_vocab])
+        return self.alignments[name]
+
+    def tensor(self, source: str, key: str, why: str) -> TensorInfo:
+        return self._tensor(source, key, why)
+
+    def lend(self, source: str, info: TensorInfo, where: str, reason: str) -> None:
+        self._record(source, info, "rows", None, where, reason)
 
     def _check_ties(self) -> None:
         for source, key, target, label in self.ties:
             problem = tie_problem(source, self.ckpts[source].tensors[key], target, self.outputs.get(target))
             if problem is not None:
                 raise PlanError(f"{label}: tie: {problem}", key=key)
-
-    def _permutation(self, source: str, info: TensorInfo,
-                     rule: TensorRule) -> tuple[ByteProgram, tuple[int, ...], str]:
-        """A ``permute_rows`` rule's program (ops/rows.py) over ``source``'s tensor ``info``."""
-        perm = rule.permute_rows
-        assert perm is not None
-        src_map, dst_map = self.vocab[perm.from_vocab], self.vocab[perm.to_vocab]
-        if not info.shape or info.shape[0] != src_map.draft_size:
-            raise PlanError(
-                f"{rule.label}: {source}:{printable(info.key)} has {info.shape[0] if info.shape else 0} rows but "
-                f"vocabulary map {perm.from_vocab!r} has {src_map.draft_size} draft tokens; "
-                f"permute_rows.from must be the map this tensor's rows are indexed by", key=info.key)
-        alignment = self.alignments.setdefault(f"{perm.from_vocab}->{perm.to_vocab}",
-                                               src_map.alignment_to(dst_map))
-        rows = alignment.source_index
-        targets = dst_map.target_ids
-        filled = rows.count(-1)
-        if filled and rule.missing_rows is None:
-            raise PlanError(
-                f"{rule.label}: {filled} of {len(rows)} rows of {info.key!r} are tokens of "
-                f"{perm.to_vocab!r} absent from {perm.from_vocab!r}; add missing_rows (rows_of a "
-                "full-vocabulary tensor such as the verifier's lm_head, or init: zeros|mean|normal)",
-                key=info.key)
-        fill = rule.missing_rows
-        inputs: list[TensorRef | Block] = [TensorRef(source, info.key)]
-        reads = [(source, info.key, tuple(i for i in rows if i >= 0))]
-        fill_view = None
-        if fill is not None and fill.init == "rows_of" and filled:
-            assert fill.rows_of is not None and fill.tensor is not None
-            fb = self._tensor(fill.rows_of, fill.tensor, f"{rule.label} missing_rows")
-            needed = max(t for r, t in zip(rows, targets) if r < 0)
-            if len(fb.shape) != len(info.shape) or fb.shape[1:] != info.shape[1:] or fb.shape[0] <= needed:
-                raise PlanError(
-                    f"{rule.label}: missing_rows tensor {fill.rows_of}:{fill.tensor} has shape "
-                    f"{list(fb.shape)}; rows of shape {list(info.shape[1:])} for target ids up to {needed} "
-                    "are needed: point missing_rows at a full-vocabulary tensor of the same width", key=fill.tensor)
-            why = cast_problem(fb.dtype, info.dtype)
-            if why is not None:
-                raise PlanError(
-                    f"{rule.label}: missing_rows tensor {fill.rows_of}:{fill.tensor} is {fb.dtype} and the rows "
-                    f"of {info.key!r} are {info.dtype}; that cast cannot be exact: {why}; point missing_rows at a "
-                    "tensor of a compatible dtype", key=fill.tensor)
-            self._record(fill.rows_of, fb, "rows", None, fill.where.short,
-                         f"{filled} rows read for tokens of {perm.to_vocab!r} absent from "
-                         f"{perm.from_vocab!r}" + (f", cast {fb.dtype} -> {info.dtype}" if fb.dtype != info.dtype else ""))
-            inputs.append(TensorRef(fill.rows_of, fill.tensor))
-            reads.append((fill.rows_of, fill.tensor, tuple(t for r, t in zip(rows, targets) if r < 0)))
-            fill_view = View(fb.shape, fb.dtype, (Run(1, 0, fb.nbytes),))
-        spec = None if fill is None else {"init": fill.init, "std": fill.std, "seed": fill.seed}
-        view, block = permuted_rows(View(info.shape, info.dtype, (Run(0, 0, info.nbytes),)), rows, targets, spec,
-                                    fill_view, len(inputs))
-        if block is not None:
-            inputs.append(block)
-        used = fill if filled else None
-        label = None if used is None else f"{used.rows_of}:{used.tensor}" if used.init == "rows_of" else used.init
-        account = RowAccount(source, len(rows) - filled, filled, None if used is None else used.init, label)
-        recipe = ByteProgram(tuple(inputs), view, (f"permute_rows {perm.from_vocab} -> {perm.to_vocab}",),
-                             RowsOrigin(source, info.key, account, tuple(reads)))
-        shape = (dst_map.draft_size, *info.shape[1:])
-        reason = (f"rows permuted {perm.from_vocab} -> {perm.to_vocab}: {account.from_source} from the "
-                  f"source, {filled} filled" +
-                  (f" ({fill.rows_of}:{fill.tensor})" if fill and fill.init == "rows_of" else
-                   f" ({fill.init})" if fill else ""))
-        return recipe, shape, reason
 
     # -- add -----------------------------------------------------------------------------
     def _plan_add(self, entry: AddEntry) -> None:

@@ -8,7 +8,7 @@ and the reports never switch on its type:
 - ``CopyTensor``: one source tensor's bytes unchanged (a keep, a rename, an untie);
 - ``ByteProgram``: byte runs of several inputs (stack, concat, split, any row
   permutation), made by a chain of layout ops; nothing is decoded but the block ops'
-  outputs its runs read. A vocabulary row permutation (ops/rows.py) is one too, with its
+  outputs its runs read. A chain with a vocabulary row permutation (ops/rows.py) has its
   ``RowsOrigin`` (the audit's wording, its rows for a Hub prefetch);
 - ``BlockProgram``: a block op (transpose, dequant) decoding a bounded block at a time;
 - ``VocabField``: ``d2t``/``t2d`` of a vocabulary map.
@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 from ...dtypes import DTYPE_SIZES, nbytes
 from ...errors import printable
 from ...ops.base import Block, InputTensor, Run, View
+from ...ops.accounts import RowAccount, RowsOrigin
 from ...sources.base import Checkpoint, TensorInfo
 from ...vocab import VocabMap
 
@@ -63,42 +64,6 @@ class TensorRef:
 
     def to_dict(self) -> dict[str, str]:
         return {"source": self.source, "key": self.key}
-
-
-@dataclass(frozen=True)
-class RowAccount:
-    """Where the rows of a vocabulary row permutation come from: ``from_source`` rows of
-    ``source``'s tensor, ``filled`` rows made by ``fill`` (its ``init``; ``label`` as the
-    audit names it: ``zeros``, or ``SOURCE:KEY`` for rows_of)."""
-
-    source: str
-    from_source: int
-    filled: int
-    init: str | None
-    label: str | None
-
-    @property
-    def total(self) -> int:
-        return self.from_source + self.filled
-
-
-@dataclass(frozen=True)
-class RowsOrigin:
-    """What the audit, the plan and a Hub prefetch say of a vocabulary row permutation:
-    ``source``'s tensor ``key``, where its rows come from, and the rows it reads
-    (``(source, key, rows)``: the source's rows taken, the rows_of tensor's rows)."""
-
-    source: str
-    key: str
-    account: RowAccount
-    reads: tuple[tuple[str, str, tuple[int, ...]], ...]
-
-    def origin(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source, "key": self.key,
-                               "rows_from_source": self.account.from_source, "rows_filled": self.account.filled}
-        if self.account.label is not None:
-            out["fill"] = self.account.label
-        return out
 
 
 class Recipe(ABC):
@@ -146,10 +111,11 @@ class Recipe(ABC):
         """For a vocabulary row permutation, where its rows come from; None for the rest."""
         return None
 
-    def carries_input_bytes(self) -> bool:
-        """Whether at least one byte is one of its inputs' (what makes an output of the
-        converted source count as loaded: a tensor all filled or all zeros is not)."""
-        return bool(self.inputs)
+    def carries_bytes_of(self, source: str) -> bool:
+        """Whether at least one byte comes from a tensor of ``source`` (what makes an output
+        count as loaded from the converted source: a tensor all filled, all zeros or all
+        another source's rows is not)."""
+        return any(ref.source == source for ref in self.inputs)
 
 
 ProgramInput = TensorRef | Block
@@ -278,11 +244,26 @@ class CopyTensor(ByteRecipe):
         return {"source": self.source, "key": self.key}
 
 
+def _reads_from(items: tuple[ProgramInput, ...], views: tuple[View, ...], source: str) -> bool:
+    """Whether a run of ``views`` reads a tensor of ``source``, directly or through a block
+    op that moves or decodes its inputs' values (a fill's values are made, not carried)."""
+    for view in views:
+        for run in view.runs:
+            item = items[run.input] if run.input >= 0 else None
+            if isinstance(item, TensorRef) and item.source == source:
+                return True
+            if isinstance(item, Block) and not item.op.fills and _reads_from(items, item.inputs, source):
+                return True
+    return False
+
+
 class _Chain:
-    """What the two chain programs share: their inputs and how the audit names them."""
+    """What the two chain programs share: their inputs, how the audit names them, and a
+    vocabulary row permutation's origin (``rows``) when the chain has one."""
 
     program_inputs: tuple[ProgramInput, ...]
     steps: tuple[str, ...]
+    rows: RowsOrigin | None
 
     @property
     def inputs(self) -> tuple[TensorRef, ...]:
@@ -292,12 +273,27 @@ class _Chain:
         return self.program_inputs
 
     def origin(self) -> dict[str, Any]:
-        return {"inputs": [ref.to_dict() for ref in self.inputs], "ops": list(self.steps)}
+        if self.rows is None:
+            return {"inputs": [ref.to_dict() for ref in self.inputs], "ops": list(self.steps)}
+        out = self.rows.origin()
+        if len(self.steps) > 1:  # the permutation is not all the chain does
+            out["ops"] = list(self.steps)
+        return out
 
     def describe(self) -> str:
+        if self.rows is not None:
+            return f"{self.rows.source}:{printable(self.rows.key)} (permuted)"
         first, more = self.inputs[0], len(self.inputs) - 1
         head = f"{first.source}:{printable(first.key)}" + (f" and {more} more" if more else "")
         return head + (f" ({'; '.join(self.steps)})" if self.steps else "")
+
+    def row_account(self) -> RowAccount | None:
+        return self.rows.account if self.rows is not None else None
+
+    def prefetch_reads(self, plan: Sources) -> list[tuple[str, str, tuple[int, ...] | None]]:
+        if self.rows is not None and self.rows.reads:
+            return list(self.rows.reads)
+        return [(ref.source, ref.key, None) for ref in self.inputs]
 
 
 @dataclass(frozen=True)
@@ -318,26 +314,8 @@ class ByteProgram(_Chain, ByteRecipe):
     def kernel_run_min(self) -> int:
         return 0 if self.rows is not None else KERNEL_RUN_MIN
 
-    def carries_input_bytes(self) -> bool:
-        if self.rows is not None:  # a rows_of fill's rows are not the converted source's
-            return self.rows.account.from_source > 0
-        return any(run.input >= 0 for run in self.view.runs)
-
-    def row_account(self) -> RowAccount | None:
-        return self.rows.account if self.rows is not None else None
-
-    def origin(self) -> dict[str, Any]:
-        return self.rows.origin() if self.rows is not None else _Chain.origin(self)
-
-    def describe(self) -> str:
-        if self.rows is not None:
-            return f"{self.rows.source}:{printable(self.rows.key)} (permuted)"
-        return _Chain.describe(self)
-
-    def prefetch_reads(self, plan: Sources) -> list[tuple[str, str, tuple[int, ...] | None]]:
-        if self.rows is not None:
-            return list(self.rows.reads)
-        return ByteRecipe.prefetch_reads(self, plan)
+    def carries_bytes_of(self, source: str) -> bool:
+        return _reads_from(self.program_inputs, (self.view,), source)
 
     def read_order(self, plan: Sources) -> tuple[int, str, str, int]:
         if self.rows is not None:  # rows from all over the tensor: not a whole-tensor read
@@ -352,6 +330,10 @@ class BlockProgram(_Chain, Recipe):
     program_inputs: tuple[ProgramInput, ...]
     block: Block
     steps: tuple[str, ...]
+    rows: RowsOrigin | None = None
+
+    def carries_bytes_of(self, source: str) -> bool:
+        return not self.block.op.fills and _reads_from(self.program_inputs, self.block.inputs, source)
 
     def stream(self, plan: Sources) -> Iterator[Chunk]:
         reader = InputReader(self.program_inputs, plan)

@@ -22,7 +22,6 @@ from ...errors import OutputError, SourceChangedError
 from ...ops import OPS
 from ...ops.base import Block, Run, View
 from ...ops.rows import FILL_ROWS
-from ...rules.model import MissingRows
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin, changed_error
 from ...vocab import VocabMap
@@ -165,7 +164,7 @@ def _header(info: TensorInfo) -> str:
 #: what a run plan holds, and nothing else decodes from a job's plan file
 CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
                OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
-               VocabField, TensorRef, View, Run, Block, MissingRows, Where],
+               VocabField, TensorRef, View, Run, Block, Where],
               {**OPS, FILL_ROWS.verb: FILL_ROWS})  # fill_rows: made by permute_rows, not a verb of ops:
 
 
