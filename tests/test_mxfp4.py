@@ -170,3 +170,17 @@ def test_the_light_install_writes_the_same_bytes(tmp_path: Path) -> None:
     assert names and names == sorted(p.name for p in (tmp_path / "numpy").glob("*.safetensors"))
     for name in names:
         assert (tmp_path / "torch" / name).read_bytes() == (tmp_path / "numpy" / name).read_bytes()
+
+
+def test_a_cast_of_mxfp4_blocks_is_refused_naming_the_op(tmp_path: Path) -> None:
+    """Casting the codes' bytes to bf16 writes numbers that mean nothing: refused at plan time."""
+    src = _write(tmp_path / "src", _expert_tensors(), MXFP4)
+    rule = tmp_path / "cast.yaml"
+    rule.write_text("version: 1\nsources: {model: {path: unused}}\nconvert: model\ntensors:\n"
+                    "  - match: '.+'\n    cast: bfloat16\n")
+    with pytest.raises(PlanError) as failure:
+        api.apply(rule, out=tmp_path / "out", sources={"model": str(src)}, progress=False)
+    assert (f"cast U8 -> BF16 of '{PREFIX}down_proj_blocks' would drop its scale: the source's quantization_config "
+            f"(quant_method 'mxfp4') declares it quantized and '{PREFIX}down_proj_scales' scales it; dequantize it "
+            "with dequant_mxfp4") in str(failure.value)
+    assert not (tmp_path / "out").exists()
