@@ -227,7 +227,7 @@ def kernel_figures(reps: int = 8) -> list[str]:
                 best[b] = min(best[b], time.perf_counter() - t0)
         assert outs["torch"] == outs["numpy"], f"{name}: the backends' bytes differ"
         lines.append(f"| {name} | " + " | ".join(f"{rows * cols * 2 / best[b] / 1e9:.2f}" for b in backends) + " |")
-    return [*lines, ""]
+    return [*lines, *mxfp4_source.kernel_lines(reps), ""]
 
 
 def main() -> None:

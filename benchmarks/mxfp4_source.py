@@ -119,3 +119,36 @@ def rss_lines(work: Path, rule: Path, python: str) -> list[str]:
         shutil.rmtree(out)
         shutil.rmtree(src)
     return [*lines, ""]
+
+
+def kernel_lines(reps: int) -> list[str]:
+    """GB/s of bf16 of the MXFP4 kernel on a [512, 7168] block (one thread, best of ``reps``):
+    the table gather on numpy (what runs on every install) against the same gather in torch."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from ckptxform.quant.mxfp4 import dequant_mxfp4_groups, pair_table
+
+    groups = 512 * 7168 // 32
+    rng = np.random.default_rng(0)
+    blocks, scales = rng.integers(0, 256, groups * 16, dtype=np.uint8), rng.integers(115, 126, groups, dtype=np.uint8)
+    table = torch.from_numpy(pair_table("BF16").view(np.int32))
+    tb, ts = torch.from_numpy(blocks).view(groups, 16), torch.from_numpy(scales)
+
+    def torch_gather() -> bytes:
+        return table[(ts.to(torch.int64)[:, None] << 8) | tb].numpy().tobytes()
+
+    cases = {"numpy": lambda: bytes(dequant_mxfp4_groups(blocks.tobytes(), scales.tobytes())), "torch": torch_gather}
+    best = {name: 1e9 for name in cases}
+    outs = {}
+    for _ in range(reps):
+        for name, case in cases.items():
+            t0 = time.perf_counter()
+            outs[name] = case()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    assert outs["numpy"] == outs["torch"], "the two gathers' bytes differ"
+    gbs = {name: groups * 64 / t / 1e9 for name, t in best.items()}
+    return [f"| MXFP4 (one table gather; numpy on every install) | {gbs['torch']:.2f} (same gather in torch) | "
+            f"{gbs['numpy']:.2f} |"]
