@@ -27,7 +27,7 @@ from test_light_install import NO_TORCH
 from ckptxform import api
 from ckptxform.errors import CheckpointFormatError, PlanError
 from ckptxform.ops import OPS
-from ckptxform.ops.base import Block, InputTensor, View, Run
+from ckptxform.ops.base import Block, InputTensor, Run, View
 from ckptxform.quant.mxfp4 import dequant_mxfp4_groups, first_nonfinite_scale
 from ckptxform.standins.gpt_oss import GptOssDims, build_gpt_oss
 
@@ -85,7 +85,7 @@ def test_any_range_of_rows_in_any_chunks_is_the_slice_of_the_whole(chunk: int) -
     whole = dequant_mxfp4_groups(blocks.tobytes(), scales.tobytes())
     row = 3 * 64 * 2
     assert b"".join(block.op.blocks(block, inputs, chunk)) == bytes(whole)
-    for rows in (range(0, 1), range(2, 5), range(4, 5), range(1, 3)):
+    for rows in (range(1), range(2, 5), range(4, 5), range(1, 3)):
         got = b"".join(block.op.blocks(block, inputs, chunk, rows))
         assert got == bytes(whole)[rows.start * row:rows.stop * row], (rows, chunk)
 
@@ -164,7 +164,7 @@ def test_the_light_install_writes_the_same_bytes(tmp_path: Path) -> None:
     src = build_gpt_oss(tmp_path / "src", GptOssDims(hidden=64, intermediate=96, experts=3), seed=2).path
     api.apply(RULE, out=tmp_path / "torch", sources={"model": str(src)}, progress=False)
     proc = subprocess.run([sys.executable, "-c", NO_TORCH, "-q", "apply", str(RULE), f"--source=model={src}",
-                           "--out", str(tmp_path / "numpy")], capture_output=True, text=True, timeout=300)
+                           "--out", str(tmp_path / "numpy")], check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in (tmp_path / "torch").glob("*.safetensors"))
     assert names and names == sorted(p.name for p in (tmp_path / "numpy").glob("*.safetensors"))

@@ -26,7 +26,12 @@ from typing import Any
 from ..dtypes import DTYPE_SIZES
 from ..errors import CheckpointFormatError
 from ..quant.finite import first_nonfinite
-from ..quant.mxfp4 import GROUP_BYTES, GROUP_VALUES, dequant_mxfp4_groups, first_nonfinite_scale
+from ..quant.mxfp4 import (
+    GROUP_BYTES,
+    GROUP_VALUES,
+    dequant_mxfp4_groups,
+    first_nonfinite_scale,
+)
 from ..quant.pipeline import in_order
 from ..quant.schemes import Found
 from .base import Block, Context, InputTensor, Value, View

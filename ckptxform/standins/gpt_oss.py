@@ -25,7 +25,12 @@ from typing import TYPE_CHECKING, Any
 from ckptxform.errors import UsageError
 from ckptxform.quant.fp4 import E2M1_VALUES, pack_e2m1
 from ckptxform.standins.shards import balanced_runs, write_sharded
-from ckptxform.standins.tensors import BuiltCheckpoint, derive_seed, numpy_dtype_named, write_json
+from ckptxform.standins.tensors import (
+    BuiltCheckpoint,
+    derive_seed,
+    numpy_dtype_named,
+    write_json,
+)
 
 if TYPE_CHECKING:
     import numpy as np
