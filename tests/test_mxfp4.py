@@ -184,3 +184,21 @@ def test_a_cast_of_mxfp4_blocks_is_refused_naming_the_op(tmp_path: Path) -> None
             f"(quant_method 'mxfp4') declares it quantized and '{PREFIX}down_proj_scales' scales it; dequantize it "
             "with dequant_mxfp4") in str(failure.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_scales_stored_as_f8_e8m0_are_the_same_bytes(tmp_path: Path) -> None:
+    """Some exports name the scales' dtype F8_E8M0 instead of U8: the same exponents."""
+    from test_light_install import write_raw
+
+    tensors = _expert_tensors(seed=4)
+    outs = []
+    for dtype in ("U8", "F8_E8M0"):
+        src = tmp_path / dtype
+        src.mkdir()
+        write_raw(src / "model.safetensors", {
+            key: (dtype if key.endswith("_scales") else {"uint8": "U8", "float32": "F32"}[str(value.dtype)],
+                  list(value.shape), value.tobytes()) for key, value in tensors.items()})
+        (src / "config.json").write_text(json.dumps(MXFP4))
+        api.apply(RULE, out=tmp_path / f"out-{dtype}", sources={"model": str(src)}, progress=False)
+        outs.append(load_file(str(next((tmp_path / f"out-{dtype}").glob("*.safetensors")))))
+    assert outs[0].keys() == outs[1].keys() and all(outs[0][k].tobytes() == outs[1][k].tobytes() for k in outs[0])
