@@ -2,6 +2,7 @@
 
     python benchmarks/dequant_bench.py                        # >= 2 GB of FP8 and of int4 weights, 3 reps
     python benchmarks/dequant_bench.py --size 200MB --reps 1  # a quick run
+    python benchmarks/dequant_bench.py --formats mxfp4 --size 500MB  # gpt-oss MXFP4 (mxfp4_source.py)
 
 Sources are the Kimi-K2 stand-ins at the real widths (hidden 7168, FP8 block 128, int4
 group 32; ``kv_a_proj_with_mqa`` [576, 7168] with its partial edge block), with enough
@@ -41,10 +42,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
+import mxfp4_source  # noqa: E402
 
 REPO = HERE.parent
 PY = sys.executable
-RULES = {"fp8": REPO / "rules" / "fp8_block_to_bf16.yaml", "int4": REPO / "rules" / "compressed_int4_to_bf16.yaml"}
+RULES = {"fp8": REPO / "rules" / "fp8_block_to_bf16.yaml", "int4": REPO / "rules" / "compressed_int4_to_bf16.yaml",
+         "mxfp4": REPO / "rules" / "mxfp4_to_bf16.yaml"}
+NAIVE = {"mxfp4": mxfp4_source.NAIVE_MXFP4}
 
 # Shared by both naive scripts: walk the shards, fetch a scale from another shard when
 # the index puts it there, write each shard's dequantized tensors as one file.
@@ -110,8 +114,11 @@ def dequantize(key, value, loaded):
 
 def build_source(root: Path, fmt: str, quantized_bytes: int) -> Path:
     """A Kimi-K2 stand-in at the real widths with about ``quantized_bytes`` of FP8 or
-    int4 weights (routed experts added until the size is reached)."""
+    int4 weights (routed experts added until the size is reached); gpt-oss for MXFP4."""
     from ckptxform.standins import KIMI_K2_TEXT, build_kimi_k2
+
+    if fmt == "mxfp4":
+        return mxfp4_source.build_for_size(root / "gpt-oss", quantized_bytes)
 
     expert = 3 * KIMI_K2_TEXT.hidden * KIMI_K2_TEXT.moe_intermediate  # gate, up, down
     per_expert = expert if fmt == "fp8" else expert // 2
@@ -155,7 +162,7 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
     src = build_source(work / "src", fmt, size)
     warm(src)
     naive = work / f"naive_{fmt}.py"
-    naive.write_text(NAIVE_HEAD + (NAIVE_FP8 if fmt == "fp8" else NAIVE_INT4) + NAIVE_LOOP)
+    naive.write_text(NAIVE_HEAD + NAIVE.get(fmt, NAIVE_FP8 if fmt == "fp8" else NAIVE_INT4) + NAIVE_LOOP)
     subprocess.run([*cli, "validate", str(RULES[fmt])], check=True, stdout=subprocess.DEVNULL)
     apply = [*cli, "apply", str(RULES[fmt]), f"--source=model={src}", "--out"]
     probe = work / "probe"
@@ -170,9 +177,9 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
     }
     results = run_contenders(contenders, work, reps)
     shutil.rmtree(probe)
-    source = output_bytes(src)
+    source, shards = output_bytes(src), len(list(src.glob("*.safetensors")))
     shutil.rmtree(src)
-    report = [f"## {fmt}: source {source / 1e9:.2f} GB in 4 shards, output {written / 1e9:.2f} GB bf16", "",
+    report = [f"## {fmt}: source {source / 1e9:.2f} GB in {shards} shards, output {written / 1e9:.2f} GB bf16", "",
               "| contender | median (s) | best (s) | GB/s of output | / cp -r | / naive | peak RSS (MB) |",
               "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
@@ -220,7 +227,7 @@ def kernel_figures(reps: int = 8) -> list[str]:
                 best[b] = min(best[b], time.perf_counter() - t0)
         assert outs["torch"] == outs["numpy"], f"{name}: the backends' bytes differ"
         lines.append(f"| {name} | " + " | ".join(f"{rows * cols * 2 / best[b] / 1e9:.2f}" for b in backends) + " |")
-    return [*lines, ""]
+    return [*lines, *mxfp4_source.kernel_lines(reps), ""]
 
 
 def main() -> None:
@@ -245,7 +252,10 @@ def main() -> None:
             lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch))
             report += lines
         if not args.skip_rss:
-            report += rss_probe(Path(scratch))
+            if "mxfp4" != args.formats:
+                report += rss_probe(Path(scratch))
+            if "mxfp4" in args.formats.split(","):
+                report += mxfp4_source.rss_lines(Path(scratch), RULES["mxfp4"], PY)
     print("\n".join(report))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(figures, indent=2))

@@ -178,3 +178,18 @@ def ref_permute(t: torch.Tensor, source_ids: list[int], target_ids: list[int], f
             rows.append(made[k])
             k += 1
     return torch.stack(rows).contiguous() if rows else torch.zeros((0, *rest), dtype=t.dtype)
+
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def ref_mxfp4(members: dict[str, torch.Tensor]) -> torch.Tensor:
+    """OCP MX: 32 e2m1 codes a group (two a byte, low nibble first) times 2**(scale - 127),
+    exact (float64), then bfloat16; [..., G, 16] and [..., G] -> [..., 32 G]."""
+    blocks, scales = members.get("blocks"), members.get("scales")
+    if blocks is None or scales is None or blocks.dim() < 3 or blocks.shape[-1] != 16 \
+            or tuple(scales.shape) != tuple(blocks.shape[:-1]):
+        raise Invalid("mxfp4: not blocks [..., G, 16] with scales [..., G]")
+    codes = torch.stack((blocks & 0xF, blocks >> 4), dim=-1).flatten(-2).long()
+    values = torch.tensor(E2M1, dtype=torch.float64)[codes] * torch.exp2(scales.double() - 127)[..., None]
+    return values.to(torch.bfloat16).flatten(-2)

@@ -34,6 +34,7 @@ from op_references import (
     ref_concat,
     ref_dequant,
     ref_int4,
+    ref_mxfp4,
     ref_permute,
     ref_qkv,
     ref_resize,
@@ -126,11 +127,13 @@ def cases(draw: Any) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
-    kind = draw(st.sampled_from(["plain", "fp8", "int4"]))
+    kind = draw(st.sampled_from(["plain", "fp8", "int4", "mxfp4"]))
     fp8 = kind == "fp8"
     tensors: dict[str, torch.Tensor] = {}
     if kind == "int4":
         case = _int4_case(draw, gen, experts)
+    elif kind == "mxfp4":
+        case = _mxfp4_case(draw, gen, experts)
     elif fp8:
         rows, cols = draw(st.integers(1, 12)), draw(st.integers(1, 12))
         block = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
@@ -160,6 +163,10 @@ def cases(draw: Any) -> Case:
         group = case.config["quantization_config"]["config_groups"]["g"]["weights"]["group_size"]
         _apply(case, {"dequant_int4": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_int4(dict(zip(names, ms)), case.int4, group)))
+        case.free.remove("T")
+    if kind == "mxfp4":  # its members are uint8: no op before it would keep them MXFP4
+        _apply(case, {"dequant_mxfp4": {"over": "T"}}, lambda: _reduce(
+            case, "T", lambda ms, names: ref_mxfp4(dict(zip(names, ms)))))
         case.free.remove("T")
     for _ in range(draw(st.integers(1, 4))):
         _draw_op(draw, case)
@@ -192,6 +199,18 @@ def _int4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
     case.config = {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
                                            "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}}
     return case
+
+
+def _mxfp4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
+    """MXFP4 modules x.E: blocks [*lead, G, 16] uint8 and scales [*lead, G] (finite products)."""
+    lead = tuple(draw(st.lists(st.integers(1, 3), min_size=1, max_size=2)))
+    groups = draw(st.integers(1, 2))
+    tensors: dict[str, torch.Tensor] = {}
+    for e in range(experts):
+        tensors[f"x.{e}.blocks"] = torch.randint(0, 256, (*lead, groups, 16), generator=gen, dtype=torch.uint8)
+        tensors[f"x.{e}.scales"] = torch.randint(100, 150, (*lead, groups), generator=gen, dtype=torch.uint8)
+    return Case(tensors, "x.{E}.{T:blocks,scales}", None, free=["E", "T"],
+                config={"quantization_config": {"quant_method": "mxfp4"}})
 
 
 def _apply(case: Case, op: dict[str, Any], reference: Callable[[], None]) -> None:

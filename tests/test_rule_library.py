@@ -29,6 +29,7 @@ from ckptxform import api
 from ckptxform.engine.run.execute import ApplyResult
 from ckptxform.errors import PlanError, VocabMapError
 from ckptxform.rules.loader import load_rules
+from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins import (
     KIMI_K2_TINY,
     KIMI_K25_MLA_TINY,
@@ -123,8 +124,13 @@ def _kimi_k25_int4(root: Path) -> Scenario:
     return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
 
 
+def _gpt_oss_mxfp4(root: Path) -> Scenario:
+    model = build_gpt_oss(root / "gpt-oss-20b", seed=14)
+    return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
+
+
 #: rules that convert a verifier (dequantize it), not a drafter: no drafter config to write
-VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml")
+VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -136,6 +142,7 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "prune_draft_vocab_mla.yaml": _full_vocab_kimi_mla,
     "fp8_block_to_bf16.yaml": _kimi_k2_fp8,
     "compressed_int4_to_bf16.yaml": _kimi_k25_int4,
+    "mxfp4_to_bf16.yaml": _gpt_oss_mxfp4,
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
+from .dequant_mxfp4 import DequantMxfp4
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -30,6 +31,7 @@ from .transpose import Transpose
 OPS: dict[str, OpDef] = {op.verb: op for op in (
     Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
+    DequantMxfp4(),
 )}
 
 

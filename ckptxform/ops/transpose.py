@@ -86,17 +86,22 @@ class _ReadTiles:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def tile(self, b: int, c0: int, count: int) -> bytes:
+    def tile(self, b: int, c0: int, count: int) -> memoryview:
         import numpy as np
 
         big_a, mid, big_c, tail, size = self.geometry
         run = count * tail * size
         base = b * big_a * mid * big_c * tail * size
-        buf = bytearray(big_a * mid * run)
-        for i in range(big_a * mid):
-            buf[i * run:(i + 1) * run] = self.source.read(base + (i * big_c + c0) * tail * size, run)
+        if count == big_c:  # whole rows: the tile is one range (a block op's output, decoded once)
+            buf = self.source.read(base, big_a * mid * run)
+        else:
+            buf = bytearray(big_a * mid * run)
+            for i in range(big_a * mid):
+                buf[i * run:(i + 1) * run] = self.source.read(base + (i * big_c + c0) * tail * size, run)
         tile = np.frombuffer(buf, dtype=_UINT[size]).reshape(big_a, mid, count, tail)
-        return tile.transpose(2, 1, 0, 3).tobytes()
+        out = np.empty((count, mid, big_a, tail), dtype=_UINT[size])
+        _transpose_bands(tile, out)
+        return out.data.cast("B").toreadonly()
 
 
 class _LocalTiles:

@@ -168,9 +168,11 @@ def _is_class_name(entry: str) -> bool:
 def scale_of(key: str, tensors: Mapping[str, Any]) -> str | None:
     """The key of the scale a quantized weight ``key`` is stored with, if ``tensors`` has
     one: ``W_scale_inv`` (FP8 block), ``M.weight_scale`` (compressed-tensors, per-tensor
-    FP8), or ``W_scale``."""
+    FP8), ``W_scale``, or ``P_scales`` beside ``P_blocks`` (MXFP4)."""
     module = key.rsplit(".", 1)[0] if key.endswith((".weight", ".weight_packed")) else None
     candidates = [f"{key}_scale_inv", f"{key}_scale"]
+    if key.endswith("_blocks"):  # MXFP4 (gpt-oss)
+        candidates.append(key.removesuffix("_blocks") + "_scales")
     if module is not None:
         candidates += [f"{module}.weight_scale", f"{module}.weight_scale_inv"]
     return next((c for c in candidates if c in tensors), None)
@@ -178,10 +180,12 @@ def scale_of(key: str, tensors: Mapping[str, Any]) -> str | None:
 
 def dequant_op_for(found: Found, dtype: str, scale: str) -> str | None:
     """The op that dequantizes a ``dtype`` weight scaled by ``scale`` under ``found``, if
-    ckptxform has one (dequant_fp8_block, dequant_int4)."""
+    ckptxform has one (dequant_fp8_block, dequant_int4, dequant_mxfp4)."""
     method = found.value.get("quant_method")
     if method == "fp8" and dtype == "F8_E4M3" and scale.endswith("_scale_inv"):
         return "dequant_fp8_block"
     if method == "compressed-tensors" and dtype in ("I32", "U8") and scale.endswith(".weight_scale"):
         return "dequant_int4"
+    if method == "mxfp4" and dtype == "U8" and scale.endswith("_scales"):
+        return "dequant_mxfp4"
     return None

@@ -17,7 +17,7 @@ Modules: ``dims`` (model families' dimensions), ``draft_vocab`` (vocabulary maps
 ``tensors`` (seeded values, file writing, records), ``configs`` (config.json contents),
 ``drafters``, ``mla`` (an MLA drafter) and ``verifiers`` (builders per family), ``headline`` (the headline
 conversion's three sources), ``deepseek`` (the DeepSeek-V3 text model Kimi-K2/K2.5 share),
-``quantized`` (FP8 block and int4 quantization, the Kimi-K2 builder), ``shards``
+``quantized`` (FP8 block and int4 quantization, the Kimi-K2 builder), ``gpt_oss`` (gpt-oss with MXFP4 experts), ``shards``
 (multi-shard writing), ``hf_models`` (the whole-model families the structural rules
 convert: Llama, Mixtral, Qwen3-MoE, Phi-3, GPT-2, Meta consolidated) and ``for_rules``
 (the stand-ins of every shipped rule, which ``ckptxform demo RULE`` builds). The names below are the API; the rest is shared

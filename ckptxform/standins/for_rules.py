@@ -18,6 +18,7 @@ from pathlib import Path
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
+from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import build_gpt2, build_llama, build_meta_consolidated, build_moe, build_phi3
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
@@ -149,6 +150,11 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_llama(root / "Llama-3.2-1B", head="tied")),
         "tied embeddings (no lm_head.weight)", "an explicit lm_head.weight",
         "meta-llama/Llama-3.2-1B, Qwen2.5-0.5B, Gemma", _STRUCTURAL_CHECKS),
+    "mxfp4_to_bf16": RuleStandin(
+        lambda root: _model(build_gpt_oss(root / "gpt-oss-20b").path),
+        "gpt-oss MXFP4 experts (*_blocks, *_scales)", "bfloat16, transformers' GptOssExperts layout",
+        "openai/gpt-oss-20b, openai/gpt-oss-120b",
+        "transformers 5.x from_pretrained(Mxfp4Config(dequantize=True)), bit for bit; loads it strictly"),
 }
 
 
