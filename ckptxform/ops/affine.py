@@ -1,0 +1,156 @@
+"""add, multiply, divide: one constant applied to every value of a float tensor.
+
+What zero-centred RMSNorm weights need (Gemma stores ``w`` for ``x * (1 + w)``; Llama,
+GGUF and Megatron store ``w + 1``: ``add: 1``) and what folds a constant scale into a
+weight (Gemma's embedding normalizer: ``multiply: {value: '${sqrt(config.hidden_size)}',
+round_value_to: tensor}``). Each value is computed in float32 (float64 for F64
+tensors) from the tensor's dtype and rounded to nearest even once, to the tensor's
+dtype: bit for bit torch's ``(w.float() + c).to(w.dtype)``. The constant is a number or a
+``${...}`` expression (``sqrt``, ``**``, float literals), rounded to float32 first, or
+first to ``round_value_to`` where the model does that (Gemma's normalizer is a bf16
+tensor).
+
+Inverses: ``add c`` <-> ``add -c``, ``multiply c`` <-> ``divide c``. Rounding after each
+op loses the low bits (in bfloat16, ``0.001 + 1 - 1`` is 0), so ``invert`` refuses them
+unless the op says ``inverse_lossy: accept``. A finite value the op makes inf (an
+overflow) is an error at apply, naming the tensor and the index.
+
+A block op on numpy (ml_dtypes for bfloat16), a bounded block of rows at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+from ..dtypes import USER_DTYPES, numpy_dtype
+from ..errors import CheckpointFormatError
+from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Value, View
+
+_NUMBER = {"oneOf": [{"type": "number"}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
+_FLOATS = frozenset({"BF16", "F16", "F32", "F64"})
+_SCHEMA = {"oneOf": [_NUMBER, {
+    "type": "object", "additionalProperties": False, "required": ["value"],
+    "properties": {
+        "value": _NUMBER,
+        "round_value_to": {"enum": ["tensor", *sorted(k for k, v in USER_DTYPES.items() if v in _FLOATS)],
+                           "description": "round the constant to this dtype first (tensor: the tensor's own), "
+                                          "as a model that stores it as a tensor does"},
+        "inverse_lossy": {"const": "accept",
+                          "description": "let `ckptxform invert` write the opposite op, which gives the values "
+                                         "back only to within one rounding"}}}]}
+
+
+def _args(args: Any) -> dict[str, Any]:
+    """The arguments as a mapping (``add: 1`` is ``add: {value: 1}``)."""
+    return dict(args) if isinstance(args, dict) else {"value": args}
+
+
+class _Affine(BlockOp):
+    schema = _SCHEMA
+    accepts = Accepts(dtypes=_FLOATS)
+    #: the numpy ufunc name of the op, and the verb undoing it
+    ufunc: ClassVar[str]
+    inverse_verb: ClassVar[str]
+
+    def map(self, args: Any, ctx: Context, value: View) -> Value:
+        given = _args(args)
+        constant = float(ctx.number(given["value"], f"{self.verb}.value"))
+        compute = "F64" if value.dtype == "F64" else "F32"
+        rounded = _rounded(constant, given.get("round_value_to"), value.dtype, compute)
+        if self.verb == "divide" and rounded == 0:
+            raise ctx.error(f"divide by {given['value']!r}: the constant is 0 in {compute}; nothing can be "
+                            "divided by it")
+        return Block(self, {"value": rounded, "compute": compute, "what": ctx.label},
+                     (value,), value.shape, value.dtype)
+
+    def inverse(self, args: Any) -> tuple[str, Any]:
+        given = _args(args)
+        if given.get("inverse_lossy") != "accept":
+            raise NoInverse(f"{self.verb} rounds each value to the tensor's dtype, so the opposite op gives it "
+                            "back only to within one rounding (in bfloat16, 0.001 + 1 - 1 is 0); add "
+                            "inverse_lossy: accept to the op if that is close enough")
+        if self.verb == "add":
+            value = given["value"]
+            given["value"] = -value if not isinstance(value, str) else "${-(" + value[2:-1] + ")}"
+        return self.inverse_verb, given
+
+    def describe(self, args: Any) -> str:
+        given = _args(args)
+        rounding = f" (rounded to {_spelled(given['round_value_to'])} first)" if "round_value_to" in given else ""
+        return f"{self.verb} {given['value']}{rounding}"
+
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes | memoryview]:
+        import numpy as np
+
+        (source,) = inputs
+        view = source.view
+        row = view.row_nbytes if view.shape else view.itemsize
+        total = view.shape[0] if view.shape else 1
+        wanted = rows if rows is not None else range(total)
+        step = max(1, chunk_bytes // max(1, row))
+        compute, dtype = numpy_dtype(block.args["compute"]), numpy_dtype(view.dtype)
+        constant = compute.type(block.args["value"])
+        ufunc = getattr(np, self.ufunc)
+        for first in range(wanted.start, wanted.stop, step):
+            count = min(step, wanted.stop - first)
+            values = np.frombuffer(source.read(first * row, count * row), dtype=dtype).astype(compute)
+            with np.errstate(all="ignore"):  # an overflow is found below, naming its index
+                out = ufunc(values, constant).astype(dtype)
+            _refuse_overflow(values, out, first * (row // view.itemsize), view, block.args["what"])
+            yield out.tobytes()
+
+
+def _spelled(to: str) -> str:
+    return "the tensor's dtype" if to == "tensor" else to
+
+
+def _rounded(constant: float, to: str | None, tensor_dtype: str, compute: str) -> float:
+    """The constant as the computation uses it: rounded to ``to`` (``tensor``: the tensor's
+    dtype) through float32 as torch rounds a Python float, then to ``compute``."""
+    import numpy as np
+
+    value = np.float64(constant)
+    if to is not None:
+        target = tensor_dtype if to == "tensor" else USER_DTYPES[to]
+        value = value.astype(np.float32).astype(numpy_dtype(target)) if target != "F64" else value
+    return float(value.astype(numpy_dtype(compute)))
+
+
+def _refuse_overflow(values: Any, out: Any, first: int, view: View, what: str) -> None:
+    """A value the op made non-finite from a finite one: an error naming its index."""
+    import numpy as np
+
+    if np.isfinite(out).all():
+        return
+    bad = np.flatnonzero(np.isfinite(values) & ~np.isfinite(out))
+    if not len(bad):
+        return  # NaN and inf of the source stay what they are
+    index = [int(i) for i in np.unravel_index(first + int(bad[0]), view.shape)] if view.shape else []
+    raise CheckpointFormatError(f"{what}: {str(values[bad[0]])} becomes {str(out[bad[0]])} at {index}: the "
+                                f"result overflows {view.dtype}; cast to a wider dtype first, or use a smaller "
+                                "constant")
+
+
+class Add(_Affine):
+    verb = "add"
+    ufunc = "add"
+    inverse_verb = "add"
+    description = ("Add a constant (number or ${...}) to every value, in float32, rounded once to the tensor's "
+                   "dtype (Gemma RMSNorm w -> w + 1).")
+
+
+class Multiply(_Affine):
+    verb = "multiply"
+    ufunc = "multiply"
+    inverse_verb = "divide"
+    description = ("Multiply every value by a constant (number or ${...}), in float32, rounded once to the "
+                   "tensor's dtype (a scale folded into a weight).")
+
+
+class Divide(_Affine):
+    verb = "divide"
+    ufunc = "divide"
+    inverse_verb = "multiply"
+    description = "Divide every value by a constant (the inverse of multiply), in float32, rounded once."
