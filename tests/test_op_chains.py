@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import tensor_bytes
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from op_references import (
@@ -399,12 +400,6 @@ def _rule(case: Case) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _bits(t: torch.Tensor) -> bytes:
-    flat = torch.empty(t.numel(), dtype=t.dtype)  # stride 1 (a size-1 dim may keep any stride)
-    flat.copy_(t.reshape(-1))
-    return flat.view(torch.uint8).numpy().tobytes()
-
-
 def write_case(case: Case, root: Path) -> tuple[Path, Path]:
     """The source checkpoint (root/src) and the rule file of ``case``: (rule, src)."""
     src = root / "src"
@@ -450,7 +445,7 @@ def run_case(case: Case, root: Path) -> str:
     assert sorted(got) == sorted(want), text
     for key, value in want.items():
         assert (got[key].dtype, tuple(got[key].shape)) == (value.dtype, tuple(value.shape)), f"{key}\n{text}"
-        assert _bits(got[key]) == _bits(value), f"{key}\n{text}"
+        assert tensor_bytes(got[key]) == tensor_bytes(value), f"{key}\n{text}"
     return f"applied, {len(case.ops)} ops"
 
 

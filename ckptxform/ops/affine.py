@@ -67,9 +67,10 @@ class _Affine(BlockOp):
     def inverse(self, args: Any) -> tuple[str, Any]:
         given = _args(args)
         if given.get("inverse_lossy") != "accept":
+            example = "0.001 + 1 - 1 is 0" if self.verb == "add" else "1.359375 * 3 / 3 is 1.3515625"
             raise NoInverse(f"{self.verb} rounds each value to the tensor's dtype, so the opposite op gives it "
-                            "back only to within one rounding (in bfloat16, 0.001 + 1 - 1 is 0); add "
-                            "inverse_lossy: accept to the op if that is close enough")
+                            f"back only to within one rounding (in bfloat16, {example}); add inverse_lossy: accept "
+                            "to the op if that is close enough")
         if self.verb == "add":
             value = given["value"]
             given["value"] = -value if not isinstance(value, str) else "${-(" + value[2:-1] + ")}"
@@ -128,7 +129,7 @@ def _refuse_overflow(values: Any, out: Any, first: int, view: View, what: str) -
     if not len(bad):
         return  # NaN and inf of the source stay what they are
     index = [int(i) for i in np.unravel_index(first + int(bad[0]), view.shape)] if view.shape else []
-    raise CheckpointFormatError(f"{what}: {str(values[bad[0]])} becomes {str(out[bad[0]])} at {index}: the "
+    raise CheckpointFormatError(f"{what}: {values[bad[0]]!s} becomes {out[bad[0]]!s} at {index}: the "
                                 f"result overflows {view.dtype}; cast to a wider dtype first, or use a smaller "
                                 "constant")
 

@@ -24,7 +24,18 @@ from collections.abc import Iterator, Sequence
 from math import prod
 from typing import Any
 
-from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, OpDef, Value, View, join_runs
+from .base import (
+    Accepts,
+    Block,
+    BlockOp,
+    Context,
+    InputTensor,
+    NoInverse,
+    OpDef,
+    Value,
+    View,
+    join_runs,
+)
 from .layout import _EXPR, _VAR, _dim
 from .transpose import _UINT
 
