@@ -157,13 +157,19 @@ def test_block_programs_make_any_range_of_rows_in_pieces_of_the_chunk(verb: str)
         assert all(len(p) <= max(chunk, row * (2 if verb == "interleave" else 1)) for p in pieces)
 
 
-def test_an_overflow_is_an_error_naming_the_tensor_and_index(tmp_path: Path) -> None:
-    w = torch.tensor([[1.0, 2.0], [3e38, float("inf")]], dtype=torch.float32)
+@pytest.mark.parametrize(("dtype", "factor", "shown"), [
+    (torch.float32, 2, "3e+38 becomes inf"),
+    (torch.float16, 3, "30000.0 becomes inf"),      # finite in float32, beyond float16's 65504
+    (torch.bfloat16, 2, "2.897717e+38 becomes inf")])  # bf16(2.9e38), doubled
+def test_an_overflow_is_an_error_naming_the_tensor_and_index(tmp_path: Path, dtype: torch.dtype, factor: int,
+                                                             shown: str) -> None:
+    big = {torch.float32: 3e38, torch.float16: 30000.0, torch.bfloat16: 2.9e38}[dtype]
+    w = torch.tensor([[1.0, 2.0], [big, float("inf")]]).to(dtype)
     with pytest.raises(CheckpointFormatError) as err:
-        convert(tmp_path, {"w": w}, "tensors:\n  - key: w\n    ops: [{multiply: 2}]\n")
+        convert(tmp_path, {"w": w}, f"tensors:\n  - key: w\n    ops: [{{multiply: {factor}}}]\n")
     rule = tmp_path / "rule.yaml"
-    assert str(err.value) == (f"tensors[0].ops[0] multiply ({rule}:6): 3e+38 becomes inf at [1, 0]: the "
-                              "result overflows F32; cast to a wider dtype first, or use a smaller constant")
+    assert str(err.value) == (f"tensors[0].ops[0] multiply ({rule}:6): {shown} at [1, 0]: the result overflows "
+                              f"{NAMES[dtype]}; cast to a wider dtype first, or use a smaller constant")
     assert not (tmp_path / "out").exists()
 
 

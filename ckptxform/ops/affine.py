@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from ..dtypes import USER_DTYPES, numpy_dtype
 from ..errors import CheckpointFormatError
+from ..quant.numpy_kernels import rounded_array
 from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Value, View
 
 _NUMBER = {"oneOf": [{"type": "number"}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
@@ -91,16 +92,30 @@ class _Affine(BlockOp):
         total = view.shape[0] if view.shape else 1
         wanted = rows if rows is not None else range(total)
         step = max(1, chunk_bytes // max(1, row))
-        compute, dtype = numpy_dtype(block.args["compute"]), numpy_dtype(view.dtype)
+        compute = numpy_dtype(block.args["compute"])
         constant = compute.type(block.args["value"])
         ufunc = getattr(np, self.ufunc)
         for first in range(wanted.start, wanted.stop, step):
             count = min(step, wanted.stop - first)
-            values = np.frombuffer(source.read(first * row, count * row), dtype=dtype).astype(compute)
+            raw = source.read(first * row, count * row)
+            values = _widened(raw, view.dtype, compute)
             with np.errstate(all="ignore"):  # an overflow is found below, naming its index
-                out = ufunc(values, constant).astype(dtype)
-            _refuse_overflow(values, out, first * (row // view.itemsize), view, block.args["what"])
-            yield out.tobytes()
+                ufunc(values, constant, out=values)
+                out = rounded_array(values, view.dtype) if view.dtype != "F64" else values
+            if not _all_finite(out, view.dtype):
+                _refuse_overflow(_widened(raw, view.dtype, compute), out, first * (row // view.itemsize), view,
+                                 block.args["what"])
+            yield np.ascontiguousarray(out).tobytes()
+
+
+def _widened(raw: bytes | memoryview, dtype: str, compute: Any) -> Any:
+    """The values of ``raw`` in ``compute`` (float32, or float64 for F64), exactly, in a new
+    array (bfloat16 widened by a shift of its bits: ml_dtypes' cast is 5x slower)."""
+    import numpy as np
+
+    if dtype == "BF16":
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(raw, dtype=numpy_dtype(dtype)).astype(compute)
 
 
 def _spelled(to: str) -> str:
@@ -119,19 +134,27 @@ def _rounded(constant: float, to: str | None, tensor_dtype: str, compute: str) -
     return float(value.astype(numpy_dtype(compute)))
 
 
-def _refuse_overflow(values: Any, out: Any, first: int, view: View, what: str) -> None:
-    """A value the op made non-finite from a finite one: an error naming its index."""
+def _all_finite(out: Any, dtype: str) -> bool:
+    """No inf or NaN in ``out`` (bfloat16 as its uint16 bits: the exponent all ones)."""
     import numpy as np
 
-    if np.isfinite(out).all():
-        return
-    bad = np.flatnonzero(np.isfinite(values) & ~np.isfinite(out))
+    if dtype == "BF16":
+        return not np.any((out & np.uint16(0x7F80)) == np.uint16(0x7F80))
+    return bool(np.isfinite(out).all())
+
+
+def _refuse_overflow(before: Any, out: Any, first: int, view: View, what: str) -> None:
+    """An input value the op made non-finite: an error naming its index (NaN and inf of
+    the source stay what they are)."""
+    import numpy as np
+
+    after = (out.astype(np.uint32) << 16).view(np.float32) if view.dtype == "BF16" else out
+    bad = np.flatnonzero(np.isfinite(before) & ~np.isfinite(after))
     if not len(bad):
-        return  # NaN and inf of the source stay what they are
+        return
     index = [int(i) for i in np.unravel_index(first + int(bad[0]), view.shape)] if view.shape else []
-    raise CheckpointFormatError(f"{what}: {values[bad[0]]!s} becomes {out[bad[0]]!s} at {index}: the "
-                                f"result overflows {view.dtype}; cast to a wider dtype first, or use a smaller "
-                                "constant")
+    raise CheckpointFormatError(f"{what}: {before[bad[0]]!s} becomes {after[bad[0]]!s} at {index}: the result "
+                                f"overflows {view.dtype}; cast to a wider dtype first, or use a smaller constant")
 
 
 class Add(_Affine):
