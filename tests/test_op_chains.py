@@ -305,7 +305,7 @@ def _draw_op(draw: Any, case: Case) -> None:
                lambda: _reduce(case, var, lambda ms, _: ref_interleave(ms, d)))
     elif verb == "merge_heads":
         case.free.remove(var)
-        heads = draw(st.integers(1, 4))
+        heads = _fitting(draw, wild, [h for h in range(1, 5) if rows and rows % h == 0])
         _apply(case, {"merge_heads": {"over": var, "heads": heads}},
                lambda: _reduce(case, var, lambda ms, _: ref_merge_heads(ms, heads)))
     elif verb in ("deinterleave", "split_heads"):
@@ -313,11 +313,12 @@ def _draw_op(draw: Any, case: Case) -> None:
         case.split_names["P"] = names
         case.free.append("P")
         if verb == "deinterleave":
-            d = dim()
+            fits = [d for d in range(-rank, rank) if shape[d] % len(names) == 0]
+            d = draw(st.sampled_from(fits)) if fits and not wild else dim()
             _apply(case, {"deinterleave": {"into": "P", "dim": d}},
                    lambda: _split(case, "P", lambda t: ref_deinterleave(t, d, names)))
         else:
-            heads = draw(st.integers(1, 4))
+            heads = _fitting(draw, wild, [h for h in range(1, 5) if rows and rows % (h * len(names)) == 0])
             _apply(case, {"split_heads": {"into": "P", "heads": heads}},
                    lambda: _split(case, "P", lambda t: ref_split_heads(t, heads, names)))
     elif verb == "dequant_fp8_block":
@@ -351,6 +352,11 @@ def _draw_permutation(draw: Any, case: Case, rows: int) -> None:
         missing.update(std=std, seed=seed)
     _apply(case, {"permute_rows": {"from": f"v{n}", "to": f"v{n + 1}", "missing_rows": missing}},
            lambda: _map(case, lambda t: ref_permute(t, list(source), list(target), fill, std, seed)))
+
+
+def _fitting(draw: Any, wild: bool, fits: list[int]) -> int:
+    """A head count that divides the rows (any of 1..4 when none does, or in a wild draw)."""
+    return draw(st.sampled_from(fits)) if fits and not wild else draw(st.integers(1, 4))
 
 
 def _draw_affine(draw: Any, case: Case, verb: str) -> None:
