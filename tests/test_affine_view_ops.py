@@ -239,7 +239,8 @@ def test_accepted_lossy_inverses_and_view_inverses_undo_the_forward(tmp_path: Pa
            "b.embed": torch.randint(-64, 64, (6, 4), generator=gen).to(torch.float32) / 4,
            "c.qkv": torch.randn(18, 4, generator=gen).to(torch.bfloat16),
            "d.gate_up": torch.randn(3, 4, 10, generator=gen).to(torch.bfloat16),
-           "e.w": torch.randn(6, 4, generator=gen)}
+           "e.w": torch.randn(6, 4, generator=gen),
+           "f.bias": torch.randint(-64, 64, (5,), generator=gen).to(torch.float32) / 4}
     (tmp_path / "src").mkdir()
     save_file(src, str(tmp_path / "src" / "model.safetensors"))
     (tmp_path / "src" / "config.json").write_text(json.dumps({"hidden_size": 64}))
@@ -261,12 +262,15 @@ def test_accepted_lossy_inverses_and_view_inverses_undo_the_forward(tmp_path: Pa
             ops: [{deinterleave: {into: P, dim: -1}}]
           - key: e.w
             ops: [{reshape: {shape: [2, 3, 4], from: [6, 4]}}]
+          - key: f.bias
+            ops: [{add: {value: '${config.hidden_size // 16 * 1.5}', inverse_lossy: accept}}]
         config: {from: model}
         """))
     api.apply(rule, out=tmp_path / "fwd", sources={"model": str(tmp_path / "src")}, progress=False)
     done = invert(rule)
     assert done.returncode == 0, done.stderr
     assert "'${-(1)}'" not in done.stdout and "value: -1" in done.stdout
+    assert "${-(config.hidden_size // 16 * 1.5)}" in done.stdout
     (tmp_path / "inv.yaml").write_text(done.stdout)
     api.apply(tmp_path / "inv.yaml", out=tmp_path / "back", sources={"model": str(tmp_path / "fwd")},
               progress=False)

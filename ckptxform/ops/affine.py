@@ -15,7 +15,8 @@ op loses the low bits (in bfloat16, ``0.001 + 1 - 1`` is 0), so ``invert`` refus
 unless the op says ``inverse_lossy: accept``. A finite value the op makes inf (an
 overflow) is an error at apply, naming the tensor and the index.
 
-A block op on numpy (ml_dtypes for bfloat16), a bounded block of rows at a time.
+A block op on numpy (bfloat16 widened and rounded by its bits), a bounded block of rows
+at a time.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class _Affine(BlockOp):
                             "to the op if that is close enough")
         if self.verb == "add":
             value = given["value"]
+            if isinstance(value, str) and " ?? " in value:
+                raise NoInverse(f"{value} has a default, which cannot be negated; write the inverse add by hand")
             given["value"] = -value if not isinstance(value, str) else "${-(" + value[2:-1] + ")}"
         return self.inverse_verb, given
 
