@@ -181,7 +181,8 @@ def recorded(event: dict[str, Any]) -> str:
 
 def tensor_bytes(tensor: Any) -> bytes:
     """The raw little-endian bytes of a CPU tensor, as safetensors stores them."""
-    flat = tensor.contiguous().reshape(-1)
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype)  # stride 1 (a size-1 dim may keep any stride)
+    flat.copy_(tensor.reshape(-1))
     return flat.view(torch.uint8).numpy().tobytes()
 
 

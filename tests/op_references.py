@@ -193,3 +193,73 @@ def ref_mxfp4(members: dict[str, torch.Tensor]) -> torch.Tensor:
     codes = torch.stack((blocks & 0xF, blocks >> 4), dim=-1).flatten(-2).long()
     values = torch.tensor(E2M1, dtype=torch.float64)[codes] * torch.exp2(scales.double() - 127)[..., None]
     return values.to(torch.bfloat16).flatten(-2)
+
+
+# ------------------------------------------------------------------ affine and view ops (issue 25)
+
+
+def ref_affine(t: torch.Tensor, verb: str, value: float, round_to: torch.dtype | None) -> torch.Tensor:
+    """``(w.float() + c).to(w.dtype)`` (float64 for float64 tensors), the constant a float32
+    (first rounded to ``round_to`` when given, as a model storing it as a tensor does)."""
+    if not t.dtype.is_floating_point or t.dtype.itemsize == 1:
+        raise Invalid(f"{verb} of {t.dtype}")
+    compute = torch.float64 if t.dtype == torch.float64 else torch.float32
+    c = torch.tensor(value, dtype=round_to or compute).to(compute)
+    if verb == "divide" and c.item() == 0:
+        raise Invalid("divide by 0")
+    x = t.to(compute)
+    out = x + c if verb == "add" else x * c if verb == "multiply" else x / c
+    return out.to(t.dtype)
+
+
+def ref_reshape(t: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        raise Invalid("reshape: more than one -1")
+    known = math.prod(d for d in shape if d != -1)
+    if (-1 in shape and (known == 0 or t.numel() % known)) or (-1 not in shape and known != t.numel()):
+        raise Invalid("reshape: another element count")
+    return t.reshape(shape).contiguous()
+
+
+def _dim_of(t: torch.Tensor, dim: int) -> int:
+    rank = t.dim()
+    if rank < 1 or not -rank <= dim < rank:
+        raise Invalid("no such dim")
+    return dim % rank
+
+
+def ref_deinterleave(t: torch.Tensor, dim: int, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+    """Part i of n is ``t[..., i::n, ...]`` along dim."""
+    d, n = _dim_of(t, dim), len(names)
+    if t.shape[d] % n:
+        raise Invalid("deinterleave: dim does not split into n parts")
+    picked = t.movedim(d, 0)
+    return [(name, picked[i::n].movedim(0, d).contiguous()) for i, name in enumerate(names)]
+
+
+def ref_interleave(members: list[torch.Tensor], dim: int) -> torch.Tensor:
+    first = members[0]
+    d = _dim_of(first, dim)
+    if len({(m.shape, m.dtype) for m in members}) > 1:
+        raise Invalid("interleave of different shapes or dtypes")
+    return torch.stack(members, d + 1).flatten(d, d + 1).contiguous()
+
+
+def ref_split_heads(t: torch.Tensor, heads: int, names: list[str]) -> list[tuple[str, torch.Tensor]]:
+    """Rows [heads, n, head_dim] -> n tensors of rows [heads, head_dim]."""
+    rows, n = rows_of(t), len(names)
+    if heads <= 0 or rows % (heads * n):
+        raise Invalid("split_heads: rows are not heads x parts")
+    rest = t.shape[1:]
+    grouped = t.reshape(heads, n, rows // (heads * n), *rest)
+    return [(name, grouped[:, p].reshape(rows // n, *rest).contiguous()) for p, name in enumerate(names)]
+
+
+def ref_merge_heads(members: list[torch.Tensor], heads: int) -> torch.Tensor:
+    first = members[0]
+    rows = rows_of(first)
+    if len({(m.shape, m.dtype) for m in members}) > 1 or heads <= 0 or rows % heads:
+        raise Invalid("merge_heads: shapes differ or rows are not heads")
+    rest = first.shape[1:]
+    per = [m.reshape(heads, rows // heads, *rest) for m in members]
+    return torch.stack(per, 1).reshape(rows * len(members), *rest).contiguous()

@@ -91,6 +91,36 @@ def test_byte_level_rule_cast_and_mean_fill_without_torch(tmp_path: Path) -> Non
     assert read_raw(tmp_path / "out" / "model.safetensors", "norm") == norm.astype(ml_dtypes.bfloat16).tobytes()
 
 
+def test_affine_and_view_ops_without_torch(tmp_path: Path) -> None:
+    """Gemma's norm + 1 and scaled embedding, a deinterleave along an inner dim and a
+    reshape: numpy with ml_dtypes, float32 arithmetic rounded once to bfloat16."""
+    rng = np.random.default_rng(2)
+    norm = rng.standard_normal(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    emb = rng.standard_normal((5, 6), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    gate_up = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    (tmp_path / "src").mkdir()
+    write_raw(tmp_path / "src" / "model.safetensors", {
+        "norm": ("BF16", [6], norm.tobytes()), "emb": ("BF16", [5, 6], emb.tobytes()),
+        "gate_up": ("F32", [2, 3, 8], gate_up.tobytes())})
+    done = apply(tmp_path, """\
+        tensors:
+          - key: norm
+            ops: [{add: 1}]
+          - key: emb
+            ops: [{multiply: {value: '${sqrt(config.hidden_size)}', round_value_to: tensor}}, {reshape: [-1]}]
+          - key: gate_up
+            to: '{P:gate,up}'
+            ops: [{deinterleave: {into: P, dim: -1}}]
+        """, {"model_type": "gemma", "hidden_size": 3072})
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out" / "model.safetensors"
+    assert read_raw(out, "norm") == (norm.astype(np.float32) + np.float32(1)).astype(ml_dtypes.bfloat16).tobytes()
+    normalizer = np.float32(np.float32(3072 ** 0.5).astype(ml_dtypes.bfloat16))
+    assert read_raw(out, "emb") == (emb.astype(np.float32) * normalizer).astype(ml_dtypes.bfloat16).tobytes()
+    assert read_raw(out, "gate") == np.ascontiguousarray(gate_up[..., ::2]).tobytes()
+    assert read_raw(out, "up") == np.ascontiguousarray(gate_up[..., 1::2]).tobytes()
+
+
 def test_fp8_dequant_without_torch(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     bits = rng.integers(0, 256, (4, 6), dtype=np.uint8)

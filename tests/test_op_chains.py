@@ -15,6 +15,7 @@ divide the rows, a mean of integers, a scale the block size does not explain...)
 from __future__ import annotations
 
 import json
+import math
 import re
 import tempfile
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import tensor_bytes
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from op_references import (
@@ -31,15 +33,21 @@ from op_references import (
     Invalid,
     fp8_dequant,
     pack_nibbles,
+    ref_affine,
     ref_concat,
+    ref_deinterleave,
     ref_dequant,
     ref_int4,
+    ref_interleave,
+    ref_merge_heads,
     ref_mxfp4,
     ref_permute,
     ref_qkv,
+    ref_reshape,
     ref_resize,
     ref_rope,
     ref_split,
+    ref_split_heads,
     ref_stack,
     ref_transpose,
     rows_of,
@@ -235,13 +243,13 @@ def _draw_op(draw: Any, case: Case) -> None:
     rank, rows = len(shape), (shape[0] if shape else 0)
     wild = draw(st.integers(0, 9)) == 0
     choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows",
-               "permute_rows"]
+               "permute_rows", "add", "multiply", "divide", "reshape"]
     reducible = [v for v in case.free if v != "T"]
-    choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat")]
+    choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat", "interleave", "merge_heads")]
     if "T" in case.free:
         choices.append("dequant_fp8_block T")
     if "P" not in case.split_names:
-        choices += ["unstack", "split"]
+        choices += ["unstack", "split", "deinterleave", "split_heads"]
     rope_fits = [h for h in range(1, rows + 1) if rows % h == 0 and (rows // h) % 2 == 0]
     qkv_fits = [(h, k) for k in range(1, 4) for h in range(k, 7, k) if rows and rows % (h + 2 * k) == 0]
     if not wild:  # mostly ops that fit, so that most chains get far
@@ -254,7 +262,7 @@ def _draw_op(draw: Any, case: Case) -> None:
     def dim() -> int:
         return draw(st.integers(-3, 3)) if wild or rank == 0 else draw(st.integers(-rank, rank - 1))
 
-    if verb in ("stack", "concat") and case.split_names.get(var):
+    if verb in ("stack", "concat", "interleave", "merge_heads") and case.split_names.get(var):
         case.items = None  # a split names its parts by the enumeration in 'to', which P then leaves
     if verb == "transpose":
         d0, d1 = dim(), dim()
@@ -286,6 +294,33 @@ def _draw_op(draw: Any, case: Case) -> None:
         case.free.remove(var)
         d = dim()
         _apply(case, {"concat": {"over": var, "dim": d}}, lambda: _reduce(case, var, lambda ms, _: ref_concat(ms, d)))
+    elif verb in ("add", "multiply", "divide"):
+        _draw_affine(draw, case, verb)
+    elif verb == "reshape":
+        _draw_reshape(draw, case, shape, wild)
+    elif verb == "interleave":
+        case.free.remove(var)
+        d = dim()
+        _apply(case, {"interleave": {"over": var, "dim": d}},
+               lambda: _reduce(case, var, lambda ms, _: ref_interleave(ms, d)))
+    elif verb == "merge_heads":
+        case.free.remove(var)
+        heads = _fitting(draw, wild, [h for h in range(1, 5) if rows and rows % h == 0])
+        _apply(case, {"merge_heads": {"over": var, "heads": heads}},
+               lambda: _reduce(case, var, lambda ms, _: ref_merge_heads(ms, heads)))
+    elif verb in ("deinterleave", "split_heads"):
+        names = ["a", "b", "c"][:draw(st.integers(1, 3))]
+        case.split_names["P"] = names
+        case.free.append("P")
+        if verb == "deinterleave":
+            fits = [d for d in range(-rank, rank) if shape[d] % len(names) == 0]
+            d = draw(st.sampled_from(fits)) if fits and not wild else dim()
+            _apply(case, {"deinterleave": {"into": "P", "dim": d}},
+                   lambda: _split(case, "P", lambda t: ref_deinterleave(t, d, names)))
+        else:
+            heads = _fitting(draw, wild, [h for h in range(1, 5) if rows and rows % (h * len(names)) == 0])
+            _apply(case, {"split_heads": {"into": "P", "heads": heads}},
+                   lambda: _split(case, "P", lambda t: ref_split_heads(t, heads, names)))
     elif verb == "dequant_fp8_block":
         case.free.remove("T")
         _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
@@ -319,6 +354,43 @@ def _draw_permutation(draw: Any, case: Case, rows: int) -> None:
            lambda: _map(case, lambda t: ref_permute(t, list(source), list(target), fill, std, seed)))
 
 
+def _fitting(draw: Any, wild: bool, fits: list[int]) -> int:
+    """A head count that divides the rows (any of 1..4 when none does, or in a wild draw)."""
+    return draw(st.sampled_from(fits)) if fits and not wild else draw(st.integers(1, 4))
+
+
+def _draw_affine(draw: Any, case: Case, verb: str) -> None:
+    """A constant (a literal, or an expression of the config) and its rounding."""
+    value = draw(st.sampled_from([1, -0.5, 3.3, 1e-3, 0]))
+    round_to = draw(st.sampled_from([None, "bfloat16", "float16", "tensor"]))
+    args: Any = value if round_to is None and draw(st.booleans()) else {"value": value}
+    if draw(st.booleans()):  # the same constant from the config, through the grammar
+        field = f"c{len(case.ops)}"  # one field per op: each draws its own constant
+        case.config[field] = value
+        args = {"value": f"${{config.{field} * 1.0 + sqrt(0) ** 2}}"}
+    if round_to is not None:
+        args = {**(args if isinstance(args, dict) else {"value": args}), "round_value_to": round_to}
+    torch_dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+    def reference(t: torch.Tensor) -> torch.Tensor:
+        to = t.dtype if round_to == "tensor" else torch_dtypes.get(round_to or "")
+        return ref_affine(t, verb, value, to)
+
+    _apply(case, {verb: args}, lambda: _map(case, reference))
+
+
+def _draw_reshape(draw: Any, case: Case, shape: tuple[int, ...], wild: bool) -> None:
+    count = math.prod(shape)
+    if wild:
+        new = draw(st.lists(st.integers(-2, 6), min_size=1, max_size=3))
+    else:  # a factorisation of the element count, one dim maybe -1
+        new = [draw(st.sampled_from([d for d in range(1, count + 1) if count % d == 0] or [0]))]
+        new.append(count // new[0] if new[0] else 0)
+        if draw(st.booleans()):
+            new[draw(st.integers(0, 1))] = -1
+    _apply(case, {"reshape": new}, lambda: _map(case, lambda t: ref_reshape(t, new)))
+
+
 # ------------------------------------------------------------------ the run
 
 
@@ -332,10 +404,6 @@ def _rule(case: Case) -> str:
     lines += ["tensors:", f"  - key: '{case.key}'", f"    to: '{case.to()}'", "    ops:"]
     lines += [f"      - {json.dumps(op)}" for op in case.ops]
     return "\n".join(lines) + "\n"
-
-
-def _bits(t: torch.Tensor) -> bytes:
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def write_case(case: Case, root: Path) -> tuple[Path, Path]:
@@ -383,7 +451,7 @@ def run_case(case: Case, root: Path) -> str:
     assert sorted(got) == sorted(want), text
     for key, value in want.items():
         assert (got[key].dtype, tuple(got[key].shape)) == (value.dtype, tuple(value.shape)), f"{key}\n{text}"
-        assert _bits(got[key]) == _bits(value), f"{key}\n{text}"
+        assert tensor_bytes(got[key]) == tensor_bytes(value), f"{key}\n{text}"
     return f"applied, {len(case.ops)} ops"
 
 

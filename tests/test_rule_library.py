@@ -22,7 +22,7 @@ import pytest
 import ckptxform
 import torch
 from conftest import REPO, read_audit, read_output, same_bits
-from reference_models import STRUCTURAL_RULES
+from reference_models import OWN_REFERENCE_RULES, STRUCTURAL_RULES
 from safetensors.torch import load_file, save_file
 
 from ckptxform import api
@@ -49,7 +49,7 @@ SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
 #: the EAGLE-3 drafter rules and the dequant rules, run here on stand-ins; the structural
 #: rules (MoE fusing, Meta/Phi-3/GPT-2 layouts, tying) are run against transformers in
 #: test_structural_library
-DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES))
+DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES) - set(OWN_REFERENCE_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 
 LAYER = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",

@@ -132,10 +132,10 @@ def test_expression_errors(text: str, message: str) -> None:
     assert str(err.value) == message
 
 
-def test_arithmetic_takes_integers_only() -> None:
+def test_arithmetic_takes_numbers_only() -> None:
     with pytest.raises(ExpressionError) as err:
         parse_expression("${config.x + 1}").evaluate(lambda ref: "12")
-    assert str(err.value) == "${config.x + 1}: config.x is '12', not an integer"
+    assert str(err.value) == "${config.x + 1}: config.x is '12', not a number"
 
 
 def test_templates_match_enumerate_and_pair_by_position() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .affine import Add, Divide, Multiply
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
 from .dequant_mxfp4 import DequantMxfp4
@@ -27,11 +28,13 @@ from .layout import (
 from .resize import ResizeRows
 from .rows import PermuteRows
 from .transpose import Transpose
+from .views import Deinterleave, Interleave, MergeHeads, Reshape, SplitHeads
 
 OPS: dict[str, OpDef] = {op.verb: op for op in (
     Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
+    Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
 )}
 
 

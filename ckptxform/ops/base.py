@@ -170,6 +170,10 @@ class Context(ABC):
     def integer(self, value: Any, what: str) -> int:
         """``value`` (an int or a ``${...}``) as an integer; ``what`` names it in errors."""
 
+    def number(self, value: Any, what: str) -> int | float:
+        """``value`` (a number or a ``${...}``) as a finite int or float (affine constants)."""
+        raise NotImplementedError
+
     def error(self, message: str, key: str | None = None) -> PlanError:
         return PlanError(f"{self.label}: {message}", key=key)
 

@@ -1,34 +1,42 @@
-"""``${...}``: the one safe integer expression grammar of rule files.
+"""``${...}``: the one safe arithmetic expression grammar of rule files.
 
 Used by the loader (syntax and reference checks, at validate time), the planner (op
-arguments such as ``count`` or ``sizes``) and the config builder (``config.set``)::
+arguments such as ``count``, ``sizes`` or an ``add``'s value) and the config builder
+(``config.set``)::
 
     whole   := expr [' ?? ' JSON]        (the JSON value when a config field is absent)
     expr    := term (('+' | '-') term)*
     term    := unary (('*' | '//' | '%') unary)*
-    unary   := '-' unary | atom
-    atom    := INT | REF | '(' expr ')'
+    unary   := '-' unary | power
+    power   := atom ['**' unary]         (right to left, as in Python: 2 ** -1 is 0.5)
+    atom    := INT | FLOAT | REF | 'sqrt' '(' expr ')' | '(' expr ')'
     REF     := config.PATH | shape.KEY[INT] | vocab.NAME.draft_size | vocab.NAME.vocab_size
              | source.NAME.repo | source.NAME.revision | source.NAME.location
              | source.NAME.config.PATH | output.dtype
 
 No names are looked up in Python, nothing is ``eval``-ed: a reference is resolved by the
 caller's function. An expression that is one reference yields the referenced value as it
-is (a string, a mapping); arithmetic takes integers only.
+is (a string, a mapping); arithmetic takes numbers only. Integers stay integers (exact,
+as counts and sizes need): ``//`` and ``%`` take integers only, and a value is a float
+only where a float literal, a float field, ``sqrt`` or a negative power makes it one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 _WHOLE = re.compile(r"^\$\{(.*)\}$", re.DOTALL)
-_TOKEN = re.compile(r"\s*(?:(?P<int>[0-9]+)|(?P<op>//|[-+*%()])|(?P<ref>[A-Za-z_][^\s+*%()\-/]*(?:\[[0-9]+\])?))")
+_TOKEN = re.compile(r"\s*(?:(?P<float>[0-9]+(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+))|(?P<int>[0-9]+)"
+                    r"|(?P<op>//|\*\*|[-+*%()])|(?P<func>sqrt)(?=\s*\()"
+                    r"|(?P<ref>[A-Za-z_][^\s+*%()\-/]*(?:\[[0-9]+\])?))")
 _SHAPE = re.compile(r"^shape\.(?P<key>.+)\[(?P<dim>[0-9]+)\]$")
 _MAX_DIGITS = 19  # integers of a rule file stay within 64 bits
+_MAX_BITS = 64
 
 REFERENCE_FORMS = ("${config.PATH}, ${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, "
                    "${source.NAME.repo}, ${source.NAME.config.PATH} or ${output.dtype}")
@@ -57,11 +65,19 @@ class Ref:
 
 @dataclass(frozen=True)
 class Num:
-    value: int
+    value: int | float
 
 
 @dataclass(frozen=True)
 class Neg:
+    operand: Node
+
+
+@dataclass(frozen=True)
+class Call:
+    """``sqrt(x)``, the one function of the grammar."""
+
+    name: str
     operand: Node
 
 
@@ -72,7 +88,7 @@ class BinOp:
     right: Node
 
 
-Node = Num | Ref | Neg | BinOp
+Node = Num | Ref | Neg | Call | BinOp
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,7 @@ class Expression:
         def walk(node: Node) -> None:
             if isinstance(node, Ref):
                 out.append(node)
-            elif isinstance(node, Neg):
+            elif isinstance(node, (Neg, Call)):
                 walk(node.operand)
             elif isinstance(node, BinOp):
                 walk(node.left)
@@ -100,11 +116,12 @@ class Expression:
         return out
 
     def evaluate(self, resolve: Callable[[Ref], Any]) -> Any:
-        """The value; raises ``ExpressionError`` when arithmetic meets a non-integer or a
-        division by zero (``resolve`` raises its own errors for missing references)."""
+        """The value; raises ``ExpressionError`` when arithmetic meets a value that is no
+        number, a division by zero or a result that is not finite (``resolve`` raises its
+        own errors for missing references)."""
         if isinstance(self.root, Ref):
             return resolve(self.root)
-        return _integer(self.root, resolve, self.text)
+        return _number(self.root, resolve, self.text)
 
 
 def is_expression(value: Any) -> bool:
@@ -176,7 +193,15 @@ class _Parser:
         if tok is not None and tok[1] == "-":
             self.pos += 1
             return Neg(self.unary())
-        return self.atom()
+        return self.power()
+
+    def power(self) -> Node:
+        base = self.atom()
+        tok = self._peek()
+        if tok is not None and tok[1] == "**":
+            self.pos += 1
+            return BinOp("**", base, self.unary())
+        return base
 
     def atom(self) -> Node:
         tok = self._peek()
@@ -189,16 +214,29 @@ class _Parser:
             if len(text.lstrip("0")) > _MAX_DIGITS:
                 raise ExpressionError(f"integer {text[:20]}... in '${{{self.body}}}' has more than 64 bits", col)
             return Num(int(text))
+        if kind == "float":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ExpressionError(f"number {text[:20]} in '${{{self.body}}}' is too large for a float", col)
+            return Num(value)
         if kind == "ref":
             return _reference(text, col)
+        if kind == "func":
+            self.pos += 1  # its '(' (the token pattern looked ahead for it)
+            return Call(text, self._closed(col + len(text)))
         if text == "(":
-            node = self.expr()
-            close = self._peek()
-            if close is None or close[1] != ")":
-                raise ExpressionError(f"'(' at column {col + 1} of '${{{self.body}}}' is never closed", col)
-            self.pos += 1
-            return node
+            return self._closed(col)
         raise ExpressionError(f"unexpected {text!r} in '${{{self.body}}}'", col)
+
+
+    def _closed(self, col: int) -> Node:
+        """The expression after the '(' at ``col``, and its ')'."""
+        node = self.expr()
+        close = self._peek()
+        if close is None or close[1] != ")":
+            raise ExpressionError(f"'(' at column {col + 1} of '${{{self.body}}}' is never closed", col)
+        self.pos += 1
+        return node
 
 
 def _reference(text: str, col: int) -> Ref:
@@ -220,23 +258,54 @@ def _reference(text: str, col: int) -> Ref:
     raise ExpressionError(f"unknown reference {text!r}; use {REFERENCE_FORMS}", col)
 
 
-def _integer(node: Node, resolve: Callable[[Ref], Any], text: str) -> int:
+def _number(node: Node, resolve: Callable[[Ref], Any], text: str) -> int | float:
     if isinstance(node, Num):
         return node.value
     if isinstance(node, Ref):
         value = resolve(node)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ExpressionError(f"{text}: {node.text()} is {value!r}, not an integer")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ExpressionError(f"{text}: {node.text()} is {value!r}, not a number")
         return value
     if isinstance(node, Neg):
-        return -_integer(node.operand, resolve, text)
-    left, right = _integer(node.left, resolve, text), _integer(node.right, resolve, text)
+        return -_number(node.operand, resolve, text)
+    if isinstance(node, Call):
+        operand = _number(node.operand, resolve, text)
+        if operand < 0:
+            raise ExpressionError(f"{text}: sqrt of {operand!r}, a negative number")
+        return _finite(math.sqrt(operand), text)
+    left, right = _number(node.left, resolve, text), _number(node.right, resolve, text)
     if node.op == "+":
-        return left + right
+        return _finite(left + right, text)
     if node.op == "-":
-        return left - right
+        return _finite(left - right, text)
     if node.op == "*":
-        return left * right
+        return _finite(left * right, text)
+    if node.op == "**":
+        return _power(left, right, text)
+    if isinstance(left, float) or isinstance(right, float):
+        raise ExpressionError(f"{text}: {node.op} takes integers, and {left!r} {node.op} {right!r} has a float")
     if right == 0:
         raise ExpressionError(f"{text}: division by zero")
     return left // right if node.op == "//" else left % right
+
+
+def _power(base: int | float, exponent: int | float, text: str) -> int | float:
+    if base == 0 and exponent < 0:
+        raise ExpressionError(f"{text}: division by zero")
+    if isinstance(base, int) and isinstance(exponent, int) and exponent >= 0:
+        # an integer power stays exact, within the 64 bits a rule file's integers have
+        if abs(base) > 1 and exponent * math.log2(abs(base)) > _MAX_BITS:
+            raise ExpressionError(f"{text}: {base} ** {exponent} has more than {_MAX_BITS} bits")
+        return int(base ** exponent)
+    if base < 0 and not float(exponent).is_integer():
+        raise ExpressionError(f"{text}: {base!r} ** {exponent!r} is not a real number")
+    try:
+        return _finite(float(base) ** float(exponent), text)
+    except OverflowError:
+        raise ExpressionError(f"{text}: {base!r} ** {exponent!r} is too large for a float") from None
+
+
+def _finite(value: int | float, text: str) -> int | float:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ExpressionError(f"{text}: the result is {value!r}, not a finite number")
+    return value

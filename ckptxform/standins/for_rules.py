@@ -20,7 +20,14 @@ from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
-from ckptxform.standins.hf_models import build_gpt2, build_llama, build_meta_consolidated, build_moe, build_phi3
+from ckptxform.standins.hf_models import (
+    build_gemma,
+    build_gpt2,
+    build_llama,
+    build_meta_consolidated,
+    build_moe,
+    build_phi3,
+)
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import build_kimi_k2
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
@@ -155,6 +162,10 @@ STANDINS: dict[str, RuleStandin] = {
         "gpt-oss MXFP4 experts (*_blocks, *_scales)", "bfloat16, transformers' GptOssExperts layout",
         "openai/gpt-oss-20b, openai/gpt-oss-120b",
         "transformers 5.x from_pretrained(Mxfp4Config(dequantize=True)), bit for bit; loads it strictly"),
+    "gemma_to_llama": RuleStandin(
+        lambda root: _model(build_gemma(root / "gemma-7b")), "Gemma (x * (1 + w) norms, scaled embedding, tied)",
+        "Llama layout (w + 1 norms, scale folded, untied head)", "google/gemma-2b, google/gemma-7b",
+        "llama.cpp's w + 1 and transformers' embedding scale bit for bit; LlamaForCausalLM computes Gemma's logits"),
 }
 
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 from ckptxform.errors import UsageError
 from ckptxform.standins.tensors import TensorSpec, save_safetensors, seeded_values, write_json
 
-__all__ = ["LM_TINY", "LmDims", "build_gpt2", "build_llama", "build_meta_consolidated", "build_moe",
-           "build_phi3"]
+__all__ = ["GEMMA_TINY", "LM_TINY", "LmDims", "build_gemma", "build_gpt2", "build_llama", "build_meta_consolidated",
+           "build_moe", "build_phi3"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +181,34 @@ def build_phi3(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0) ->
     config = _decoder_config("Phi3ForCausalLM", "phi3", d, tied=False, rope_theta=10000.0, max_positions=4096,
                              embd_pdrop=0.0, resid_pdrop=0.0, sliding_window=2047,
                              original_max_position_embeddings=4096, pad_token_id=None)
+    return _write(Path(out_dir), specs, seed, config)
+
+
+#: Gemma's widths, shrunk: hidden not a power of two, a head_dim that is not hidden // heads, GQA
+GEMMA_TINY = LmDims(hidden=36, heads=6, kv_heads=2, intermediate=52, vocab=96)
+
+
+def build_gemma(out_dir: str | Path, dims: LmDims = GEMMA_TINY, *, seed: int = 0, head_dim: int = 10) -> Path:
+    """GemmaForCausalLM as google/gemma-7b stores it: tied embeddings (no ``lm_head.weight``),
+    RMSNorm weights ``w`` of ``x * (1 + w)`` (near 0, not near 1), an explicit ``head_dim``
+    and the legacy ``hidden_act: gelu`` that transformers reads as the tanh approximation."""
+    d = dims
+
+    def norm(key: str) -> TensorSpec:  # w of x * (1 + w): drawn near 0, as a linear weight is
+        return TensorSpec(key, (d.hidden,), d.dtype, "linear")
+
+    specs = [_linear("model.embed_tokens.weight", d.vocab, d.hidden, d.dtype), norm("model.norm.weight")]
+    for n in range(d.layers):
+        p = f"model.layers.{n}."
+        specs += [_linear(f"{p}self_attn.q_proj.weight", d.heads * head_dim, d.hidden, d.dtype),
+                  _linear(f"{p}self_attn.k_proj.weight", d.kv_heads * head_dim, d.hidden, d.dtype),
+                  _linear(f"{p}self_attn.v_proj.weight", d.kv_heads * head_dim, d.hidden, d.dtype),
+                  _linear(f"{p}self_attn.o_proj.weight", d.hidden, d.heads * head_dim, d.dtype),
+                  *_gated_mlp(f"{p}mlp.", d),
+                  norm(f"{p}input_layernorm.weight"), norm(f"{p}post_attention_layernorm.weight")]
+    config = _decoder_config("GemmaForCausalLM", "gemma", d, tied=True, rope_theta=10000.0, max_positions=8192,
+                             head_dim=head_dim, hidden_act="gelu", hidden_activation=None, attention_bias=False,
+                             rms_norm_eps=1e-6, pad_token_id=0)
     return _write(Path(out_dir), specs, seed, config)
 
 

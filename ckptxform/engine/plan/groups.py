@@ -110,6 +110,9 @@ class _StepContext(Context):
     def integer(self, value: Any, what: str) -> int:
         return self._refs.integer(value, f"{self.label}: {what}")
 
+    def number(self, value: Any, what: str) -> int | float:
+        return self._refs.number(value, f"{self.label}: {what}")
+
     def error(self, message: str, key: str | None = None) -> PlanError:
         return PlanError(f"{self.label}: {message}", key=key)
 

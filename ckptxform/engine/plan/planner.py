@@ -305,7 +305,8 @@ class _Planner:
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short, loaded=planned.recipe.carries_bytes_of(source)),
-                             f"{rule.label} (from {source}:{printable(planned.members[0].key)})")
+                             f"{rule.label}" + (f" (from {source}:{printable(planned.members[0].key)})"
+                                                 if planned.members else ""))
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)
         actions = {step.op.action for step in rule.ops}

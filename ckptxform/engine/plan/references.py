@@ -7,6 +7,7 @@ config) and the config builder (``config.set``: ``config`` is the config it star
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,13 @@ class References:
         result = self.evaluate(value, where)
         if isinstance(result, bool) or not isinstance(result, int):
             raise PlanError(f"{where}: {value!r} is {result!r}, not an integer")
+        return result
+
+    def number(self, value: Any, where: str) -> int | float:
+        """``value`` (a number or a ``${...}``) as a finite number."""
+        result = self.evaluate(value, where)
+        if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(result):
+            raise PlanError(f"{where}: {value!r} is {result!r}, not a finite number")
         return result
 
     def resolve(self, ref: Ref, where: str, text: str) -> Any:
