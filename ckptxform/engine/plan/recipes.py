@@ -48,7 +48,7 @@ Piece = tuple[Path, int, int] | Chunk
 
 
 class Sources(Protocol):
-    """What a recipe reads from (the Plan): the open checkpoints and the vocabulary maps."""
+    """What a recipe reads from (OpenSources): the open checkpoints and the vocabulary maps."""
 
     checkpoints: dict[str, Checkpoint]
     vocab_maps: dict[str, VocabMap]
