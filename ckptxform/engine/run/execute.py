@@ -1,4 +1,4 @@
-"""execute(Plan) -> OUT: what is decided before a shard is written (the layout, an OUT that
+"""execute(Plan, OpenSources) -> OUT: what is decided before a shard is written (the layout, an OUT that
 is already up to date, overlaps, ties), then the job (engine/run/job.py).
 
 Each output's recipe streams its bytes (engine/run/stream.py); the output appears whole
