@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .engine.plan.opened import OpenSources
 from .engine.plan.planner import Plan, build_plan, needed_sources
 from .engine.run.execute import ApplyResult, execute
 from .engine.run.options import RunOptions
@@ -32,9 +33,18 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
     >>> p.alignments["k2->k25"].summary()                                             # doctest: +SKIP
     '...positions agree; ... tokens shared; ...'
 
-    The returned Plan keeps its sources open: use it as a context manager (``with plan(...)
-    as p:``) or call ``close()`` when done (``apply`` does).
+    The Plan is a value: the sources it was planned from are closed when it returns (use
+    ``plan_open`` to keep them open for ``execute``).
     """
+    the_plan, opened = plan_open(rules, sources=sources, require_pinned=require_pinned)
+    opened.close()
+    return the_plan
+
+
+def plan_open(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] | None = None,
+              require_pinned: bool = False) -> tuple[Plan, OpenSources]:
+    """``plan``, and the sources it opened, left open for the caller to read through and
+    close (``with opened: execute(the_plan, opened, out)``)."""
     ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)
     if sources:
         ruleset = ruleset.with_sources(dict(sources))
@@ -46,7 +56,8 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
         unused = [n for n in ruleset.sources if n not in opened and n not in named_in_config]
         for name in unused:
             logger.warning("source {!r} is declared but no rule reads it; it was not opened", name)
-        return build_plan(ruleset, opened)
+        the_plan = build_plan(ruleset, opened)
+        return the_plan, OpenSources(dict(opened), the_plan.vocab_maps)
     except BaseException:
         for ckpt in opened.values():
             ckpt.close()
@@ -91,9 +102,10 @@ def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str
     PosixPath('/home/me/k25-drafter/ckptxform_audit.jsonl')
     """
     options = replace(options or RunOptions(), **settings)
-    with plan(rules, sources=sources, require_pinned=options.require_pinned) as the_plan:
+    the_plan, opened = plan_open(rules, sources=sources, require_pinned=options.require_pinned)
+    with opened:
         _say_warnings(the_plan, options.strict)
-        result = execute(the_plan, Path(out), options)
+        result = execute(the_plan, opened, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))
 
@@ -117,7 +129,8 @@ def finalize(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[
     >>> finalize("rules/big.yaml", out="big-out")   # doctest: +SKIP
     """
     options = RunOptions(force=force, fsync=fsync, digest=digest, finalize=True)
-    with plan(rules, sources=sources) as the_plan:
-        result = execute(the_plan, Path(out), options)
+    the_plan, opened = plan_open(rules, sources=sources)
+    with opened:
+        result = execute(the_plan, opened, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))

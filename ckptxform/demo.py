@@ -53,8 +53,7 @@ def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResul
                           "replace it or choose another --out", path=str(converted))
     standins = build_headline_standins(root / "sources")
     rules = data_dir("rules") / f"{RULE_NAME}.yaml"
-    with api.plan(rules, sources=standins.sources) as plan:
-        pass
+    plan = api.plan(rules, sources=standins.sources)
     result = api.apply(rules, out=converted, sources=standins.sources, force=force, progress=False)
     return DemoResult(root, standins.sources, rules, RULE_NAME, plan, result, made)
 

@@ -111,15 +111,16 @@ def test_sources_changed_after_the_plan_make_every_worker_refuse_in_one_clean_er
 
     drafter = tmp_path / "drafter"
     shutil.copytree(standins.sources["drafter"], drafter)
-    plan = api.plan(rules, sources={**standins.sources, "drafter": str(drafter)})
+    plan, opened = api.plan_open(rules, sources={**standins.sources, "drafter": str(drafter)})
     try:
         weights = sorted(drafter.glob("*.safetensors"))[0]
         os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
         out = tmp_path / "out"
         with pytest.raises(SourceChangedError) as caught:
-            execute(plan, out, progress=False, options=RunOptions(executor="ray", ray_address=cluster.address))
+            execute(plan, opened, out, progress=False,
+                    options=RunOptions(executor="ray", ray_address=cluster.address))
     finally:
-        plan.close()
+        opened.close()
     assert re.fullmatch(rf"shard 'model-000\d\d-of-00013\.safetensors': {re.escape(repr(str(weights.resolve())))} "
                         r"changed while ckptxform was reading it \(it was written to\); no output was written; "
                         r"rerun once nothing writes to it", str(caught.value)), str(caught.value)

@@ -51,12 +51,13 @@ def test_a_process_that_must_not_plan_refuses_to(rules: Path, standins: Headline
 
 def test_the_job_directory_holds_the_run_plan_as_json_and_a_task_only_names_its_shard(
         rules: Path, standins: HeadlineStandins, tmp_path: Path) -> None:
-    with api.plan(rules, sources=standins.sources) as plan:
-        layout = layout_of(plan)
+    plan, opened = api.plan_open(rules, sources=standins.sources)
+    with opened:
+        layout = layout_of(plan, opened)
         job = JobDir(tmp_path / "out", job_identity(layout, "blake3", run_digest(plan)), fsync=False)
         job.open(layout, resume=False)
-        tasks = shard_tasks(plan, layout, job, list(range(len(layout.shards))))
-        expected = slice_plan(plan, list(layout.shards), first_etags(plan))
+        tasks = shard_tasks(plan, opened, layout, job, list(range(len(layout.shards))))
+        expected = slice_plan(plan, opened, list(layout.shards), first_etags(opened))
     assert len(tasks) == SHARDS
     assert {task.plan for task in tasks} == {f"plan-{os.uname().nodename}-{os.getpid()}.json"}
     data = json.loads((job.path / tasks[0].plan).read_text())  # plain JSON: no pickle, no code
@@ -79,11 +80,12 @@ def test_the_job_directory_holds_the_run_plan_as_json_and_a_task_only_names_its_
 ])
 def test_an_edited_plan_file_is_refused_naming_it(edit: Any, why: str, rules: Path, standins: HeadlineStandins,
                                                   tmp_path: Path) -> None:
-    with api.plan(rules, sources=standins.sources) as plan:
-        layout = layout_of(plan)
+    plan, opened = api.plan_open(rules, sources=standins.sources)
+    with opened:
+        layout = layout_of(plan, opened)
         job = JobDir(tmp_path / "out", job_identity(layout, "blake3", run_digest(plan)), fsync=False)
         job.open(layout, resume=False)
-        [task] = shard_tasks(plan, layout, job, [0])
+        [task] = shard_tasks(plan, opened, layout, job, [0])
     path = job.path / task.plan
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "plan": edit(data["plan"])}))
@@ -96,10 +98,11 @@ def test_a_worker_that_finds_a_pinned_file_changed_fails_naming_it(
     drafter = tmp_path / "drafter"
     shutil.copytree(standins.sources["drafter"], drafter)
     weights = sorted(drafter.glob("*.safetensors"))[0]
-    with api.plan(rules, sources={**standins.sources, "drafter": str(drafter)}) as plan:
+    plan, opened = api.plan_open(rules, sources={**standins.sources, "drafter": str(drafter)})
+    with opened:
         os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
         with pytest.raises(SourceChangedError) as caught:
-            execute(plan, tmp_path / "out", jobs=2)
+            execute(plan, opened, tmp_path / "out", jobs=2)
     assert re.fullmatch(rf"shard 'model-000\d\d-of-00013\.safetensors': {re.escape(repr(str(weights.resolve())))} "
                         r"changed while ckptxform was reading it \(it was written to\); no output was written; "
                         r"rerun once nothing writes to it", str(caught.value)), str(caught.value)
@@ -110,10 +113,11 @@ def test_a_worker_that_cannot_open_a_pinned_source_fails_naming_it(
         rules: Path, standins: HeadlineStandins, tmp_path: Path) -> None:
     drafter = tmp_path / "drafter"
     shutil.copytree(standins.sources["drafter"], drafter)
-    with api.plan(rules, sources={**standins.sources, "drafter": str(drafter)}) as plan:
+    plan, opened = api.plan_open(rules, sources={**standins.sources, "drafter": str(drafter)})
+    with opened:
         drafter.rename(tmp_path / "moved")
         with pytest.raises(CkptxformError) as caught:
-            execute(plan, tmp_path / "out", jobs=2)
+            execute(plan, opened, tmp_path / "out", jobs=2)
     assert re.match(rf"shard 'model-000\d\d-of-00013\.safetensors': source 'drafter': {re.escape(repr(str(drafter)))} "
                     "does not exist", str(caught.value)), str(caught.value)
     assert not (tmp_path / "out").exists()

@@ -427,13 +427,13 @@ def test_a_weight_file_replaced_between_plan_and_apply_fails_naming_it(
 
     sources = copy_drafter(headline, tmp_path / "drafter")
     weights = tmp_path / "drafter" / "model.safetensors"
-    plan = api.plan(headline_rule, sources=sources)
+    plan, opened = api.plan_open(headline_rule, sources=sources)
     try:
         replace_by_rename(weights)
         with pytest.raises(SourceChangedError) as err:
-            execute(plan, tmp_path / "out", progress=False)
+            execute(plan, opened, tmp_path / "out", progress=False)
     finally:
-        plan.close()
+        opened.close()
     assert str(err.value) == (f"{real(weights)} changed while ckptxform was reading it (it was replaced by "
                               "another file); no output was written; rerun once nothing writes to it")
     assert not (tmp_path / "out").exists() and beside(tmp_path / "out") == []

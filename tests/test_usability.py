@@ -159,13 +159,18 @@ def test_the_library_logs_nothing_unless_enabled(prelude: str, enable: str, logs
         assert proc.stderr == ""
 
 
-def test_a_plan_is_a_context_manager(headline: HeadlineStandins) -> None:
+def test_the_open_sources_of_a_plan_are_a_context_manager(headline: HeadlineStandins) -> None:
     import ckptxform
+    from ckptxform import api
 
-    with ckptxform.plan("aqmedai_k2_to_k25", sources=headline.sources) as plan:
-        ckpts = list(plan.checkpoints.values())
+    plan, opened = api.plan_open("aqmedai_k2_to_k25", sources=headline.sources)
+    with opened:
+        ckpts = list(opened.checkpoints.values())
         assert ckpts and not any(getattr(c, "_closed", False) for c in ckpts)
     assert all(getattr(c, "_closed") for c in ckpts)
+    # a plan is a value; code written for the plan that held its sources still runs
+    with ckptxform.plan("aqmedai_k2_to_k25", sources=headline.sources) as again:
+        assert again.outputs == plan.outputs
 
 
 # --- the demo ----------------------------------------------------------------------------------

@@ -39,10 +39,9 @@ _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 @dataclass
 class Plan:
     """The whole conversion, decided: one entry per output tensor, one record per source
-    tensor of every file opened, the vocab statistics and the output config.
-
-    The open checkpoints stay attached so that ``apply`` can read without reopening;
-    ``close()``, or leaving a ``with`` block, releases them."""
+    tensor of every file opened, the vocab statistics and the output config; with the
+    files it read as they stood (``pins``). A value: the checkpoints it was planned from
+    are a separate handle (``OpenSources``), closed by whoever opened them."""
 
     rules: RuleSet
     outputs: tuple[OutputPlan, ...]
@@ -52,7 +51,6 @@ class Plan:
     config: dict[str, Any] | None
     sources: dict[str, SourceRecord]
     warnings: tuple[str, ...]
-    checkpoints: dict[str, Checkpoint] = field(repr=False, default_factory=dict)
     #: the rule's ``files``: what is copied, what is skipped
     files: FilesPlan = field(default_factory=FilesPlan)
     #: each vocabulary file read (vocab name -> the file as it stood when read)
@@ -60,10 +58,12 @@ class Plan:
     #: (source, key, output key, rule): tensors not written because apply checks they are
     #: byte-identical to an output (``tie``)
     ties: tuple[tuple[str, str, str, str], ...] = ()
+    #: source -> the local files planning read from it (headers, indexes, configs), as they stood
+    pins: dict[str, tuple[FilePin, ...]] = field(default_factory=dict)
 
     def files_read(self) -> tuple[FilePin, ...]:
         """Every local file the plan read (weight files, indexes, configs, vocab files)."""
-        pins = [pin for ckpt in self.checkpoints.values() for pin in ckpt.pins()]
+        pins = [pin for source in self.pins.values() for pin in source]
         return tuple(sorted({p.path: p for p in [*pins, *self.vocab_files.values()]}.values(),
                             key=lambda p: p.path))
 
@@ -78,15 +78,15 @@ class Plan:
             out[record.action] = out.get(record.action, 0) + 1
         return out
 
+    # A plan holds nothing to release; ``with api.plan(...) as p`` and ``close()`` keep working.
     def close(self) -> None:
-        for ckpt in self.checkpoints.values():
-            ckpt.close()
+        pass
 
     def __enter__(self) -> Plan:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        pass
 
 
 #: why this process must not plan (a shard worker executes its task's slice of the run's plan)
@@ -100,7 +100,8 @@ def forbid_planning(why: str) -> None:
 
 
 def build_plan(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> Plan:
-    """Decide the conversion of ``rules`` over opened ``checkpoints`` (name -> Checkpoint)."""
+    """Decide the conversion of ``rules`` over opened ``checkpoints`` (name -> Checkpoint),
+    which stay open: the caller closes them."""
     if _NO_PLANNING is not None:
         raise PlanError(f"internal error: this process must not plan: {_NO_PLANNING} (report it)")
     return _Planner(rules, dict(checkpoints)).run()
@@ -163,8 +164,8 @@ class _Planner:
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
                     records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
-                    checkpoints=self.ckpts, files=plan_files(self.rules, self.ckpts),
-                    vocab_files=self.vocab_files, ties=tuple(self.ties))
+                    files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
+                    pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:

@@ -48,7 +48,7 @@ Piece = tuple[Path, int, int] | Chunk
 
 
 class Sources(Protocol):
-    """What a recipe reads from (the Plan): the open checkpoints and the vocabulary maps."""
+    """What a recipe reads from (OpenSources): the open checkpoints and the vocabulary maps."""
 
     checkpoints: dict[str, Checkpoint]
     vocab_maps: dict[str, VocabMap]
@@ -111,6 +111,10 @@ class Recipe(ABC):
         """For a vocabulary row permutation, where its rows come from; None for the rest."""
         return None
 
+    def decodes(self) -> bool:
+        """Whether making the bytes decodes values (a block op): CPU per byte, not I/O."""
+        return False
+
     def carries_bytes_of(self, source: str) -> bool:
         """Whether at least one byte comes from a tensor of ``source`` (what makes an output
         count as loaded from the converted source: a tensor all filled, all zeros or all
@@ -131,6 +135,9 @@ class ByteRecipe(Recipe):
     def sources(self) -> tuple[ProgramInput, ...]:
         """What the runs point at: source tensors, or block ops' outputs read by later ops."""
         return self.inputs
+
+    def decodes(self) -> bool:
+        return any(isinstance(item, Block) for item in self.sources())
 
     def stream(self, plan: Sources) -> Iterator[Chunk]:
         reader = InputReader(self.sources(), plan)
@@ -334,6 +341,9 @@ class BlockProgram(_Chain, Recipe):
 
     def carries_bytes_of(self, source: str) -> bool:
         return not self.block.op.fills and _reads_from(self.program_inputs, self.block.inputs, source)
+
+    def decodes(self) -> bool:
+        return True
 
     def stream(self, plan: Sources) -> Iterator[Chunk]:
         reader = InputReader(self.program_inputs, plan)

@@ -1,4 +1,4 @@
-"""execute(Plan) -> OUT: what is decided before a shard is written (the layout, an OUT that
+"""execute(Plan, OpenSources) -> OUT: what is decided before a shard is written (the layout, an OUT that
 is already up to date, overlaps, ties), then the job (engine/run/job.py).
 
 Each output's recipe streams its bytes (engine/run/stream.py); the output appears whole
@@ -21,6 +21,7 @@ from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
 from ..plan.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from .executors import check_executor
 from .job import run_job
@@ -30,42 +31,44 @@ from .result import ApplyResult, WrittenTensor
 __all__ = ["ApplyResult", "WrittenTensor", "execute", "layout_of"]
 
 
-def layout_of(plan: Plan) -> OutputLayout:
+def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
     """The output files of ``plan`` and where each tensor goes in them."""
     return plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
                        max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name,
-                       copied_from=_copied_from(plan))
+                       copied_from=_copied_from(plan, sources))
 
 
-def _copied_from(plan: Plan) -> dict[str, tuple[str, int]]:
+def _copied_from(plan: Plan, sources: OpenSources) -> dict[str, tuple[str, int]]:
     """``source:file`` and offset of every output that is one source tensor's bytes unchanged:
     the layout lines these up so that the writer can clone them. From headers only (not
     from where the files are), so a local and a Hub run of one plan write the same bytes."""
     copied = {}
     for o in plan.outputs:
-        found = o.recipe.unchanged_copy(plan) if o.dtype == o.input_dtype else None
+        found = o.recipe.unchanged_copy(sources) if o.dtype == o.input_dtype else None
         if found is not None:
             copied[o.key] = (f"{found[0]}:{found[1]}", found[2])
     return copied
 
 
-def execute(plan: Plan, out: str | Path, options: RunOptions | None = None, **settings: Any) -> ApplyResult:
-    """Write the planned output to ``out`` with its audit log, as ``options`` (with
-    ``settings`` replacing some of them: ``execute(plan, out, jobs=2)``) say; see
+def execute(plan: Plan, sources: OpenSources, out: str | Path, options: RunOptions | None = None,
+            **settings: Any) -> ApplyResult:
+    """Write the planned output to ``out`` with its audit log, reading through ``sources``
+    (the checkpoints it was planned from, still open), as ``options`` (with ``settings``
+    replacing some of them: ``execute(plan, sources, out, jobs=2)``) say; see
     ``ckptxform.apply``."""
     started = started_now()
     options = replace(options or RunOptions(), **settings)
     check_executor(options.executor)
-    layout = layout_of(plan)
+    layout = layout_of(plan, sources)
     if options.progress is None:
         options = replace(options, progress=sys.stderr.isatty())
-    refuse_overlap(out, _inputs_on_disk(plan))
+    refuse_overlap(out, _inputs_on_disk(plan, sources))
     digest = run_digest(plan)
     if os.path.lexists(out):
         refuse_foreign(Path(os.path.abspath(out)))
     identity = job_identity(layout, options.digest, digest)
     if not options.force and os.path.lexists(out):
-        previous = _previous_run(plan, digest, Path(out))
+        previous = _previous_run(plan, sources, digest, Path(out))
         if isinstance(previous, str):
             raise OutputError(f"{os.path.abspath(out)!r} already exists and {previous}; pass --force to "
                               "replace it", path=os.path.abspath(out))
@@ -73,18 +76,18 @@ def execute(plan: Plan, out: str | Path, options: RunOptions | None = None, **se
         # temporary sibling and job directory): this run writes nothing, but it tidies up after them
         own_job = JobDir(Path(out), identity, fsync=options.fsync).path
         return replace(previous, stale_removed=OutputDir(out).remove_stale(also=(own_job,)))
-    _check_ties(plan)
-    return run_job(plan, layout, Path(out), options, digest=digest, identity=identity, started=started)
+    _check_ties(plan, sources)
+    return run_job(plan, sources, layout, Path(out), options, digest=digest, identity=identity, started=started)
 
 
-def _inputs_on_disk(plan: Plan) -> list[tuple[str, Path]]:
+def _inputs_on_disk(plan: Plan, sources: OpenSources) -> list[tuple[str, Path]]:
     """Everything local the run reads, as (what, resolved path): OUT must stay clear of it."""
-    inputs = [(f"source {name!r}", path) for name, ckpt in plan.checkpoints.items() for path in ckpt.local_paths()]
+    inputs = [(f"source {name!r}", path) for name, ckpt in sources.checkpoints.items() for path in ckpt.local_paths()]
     inputs += [(f"the file of vocabulary {name!r}", Path(pin.path)) for name, pin in plan.vocab_files.items()]
     return inputs + [("the rule file", Path(file).resolve()) for file in plan.rules.files]
 
 
-def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str:
+def _previous_run(plan: Plan, sources: OpenSources, digest: RunDigest, out: Path) -> ApplyResult | str:
     """The result already in ``out`` when it was made by this ckptxform from the same plan
     and the same inputs (``engine.digest``) and still verifies; otherwise why not, for the
     refusal without --force."""
@@ -98,7 +101,7 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
         if origin:
             return "was made " + " and ".join(origin)
         # the copied files' own account first: it names the file
-        changed = (copied_files_changed(plan.files, plan.checkpoints, events)
+        changed = (copied_files_changed(plan.files, sources.checkpoints, events)
                    or changes(digest, events[0], plan.rules.path))
         if changed:
             return "was made from " + "; ".join(changed)
@@ -116,15 +119,15 @@ def _previous_run(plan: Plan, digest: RunDigest, out: Path) -> ApplyResult | str
                        bytes_written=0, up_to_date=True)
 
 
-def _check_ties(plan: Plan) -> None:
+def _check_ties(plan: Plan, sources: OpenSources) -> None:
     """A tied tensor is dropped only when its bytes are the output's it is tied to (read
     a chunk at a time, before anything is written)."""
     for source, key, target, label in plan.ties:
-        ckpt = plan.checkpoints[source]
+        ckpt = sources.checkpoints[source]
         info = ckpt.tensors[key]
         out = next(o for o in plan.outputs if o.key == target)
         pos = 0
-        for chunk in out.recipe.stream(plan):
+        for chunk in out.recipe.stream(sources):
             mine = ckpt.read(info, pos, len(chunk))
             if mine != bytes(chunk):
                 first = next(i for i, (a, b) in enumerate(zip(mine, bytes(chunk))) if a != b)

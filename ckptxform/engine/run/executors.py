@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ...errors import UsageError
-from ...ops.base import Block
-from ..plan.recipes import BlockProgram, ByteRecipe, OutputPlan, Sources
+from ..plan.recipes import OutputPlan, Sources
 
 if TYPE_CHECKING:
     from ..plan.planner import Plan
@@ -104,9 +103,7 @@ CPU_BOUND_SHARE = 0.1
 
 def _decodes(out: OutputPlan) -> bool:
     """Whether making ``out`` decodes values (a cast or a block op): CPU per byte, not I/O."""
-    recipe = out.recipe
-    return (out.dtype != out.input_dtype or isinstance(recipe, BlockProgram)
-            or (isinstance(recipe, ByteRecipe) and any(isinstance(item, Block) for item in recipe.sources())))
+    return out.dtype != out.input_dtype or out.recipe.decodes()
 
 
 def _available_memory() -> int:

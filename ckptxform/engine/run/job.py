@@ -23,6 +23,7 @@ from ..output.digest import RunDigest
 from ..output.jobdir import JobDir, ShardRecord
 from ..output.outdir import OutputDir
 from ..plan.layout import OutputLayout
+from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from .executors import EXECUTORS, default_jobs
 from .options import RunOptions
@@ -34,12 +35,14 @@ from .writer import write_index, write_json_file
 _T = TypeVar("_T")
 
 
-def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *, digest: RunDigest,
-            identity: dict[str, Any], started: Any) -> ApplyResult:
-    """Write ``plan``'s shards as ``options`` say, then (unless ``shard_of``) commit OUT."""
+def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, options: RunOptions, *,
+            digest: RunDigest, identity: dict[str, Any], started: Any) -> ApplyResult:
+    """Write ``plan``'s shards as ``options`` say, then (unless ``shard_of``) commit OUT;
+    ``sources`` are the checkpoints it was planned from (the tasks' slices name them, the
+    copied files come from them)."""
     job = JobDir(out, identity, fsync=options.fsync, rules_path=plan.rules.path)
     if options.shard_of is not None:
-        return _write_rank(plan, layout, job, options)
+        return _write_rank(plan, sources, layout, job, options)
     with OutputDir(out, force=options.force, fsync=options.fsync) as odir:
         try:
             if options.finalize:
@@ -54,9 +57,9 @@ def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *,
                 jobs: dict[str, Any] | None = None  # the ranks' runs chose theirs
             else:
                 records = job.open(layout, resume=options.resume)
-                tasks = _tasks(plan, layout, job, records, range(len(layout.shards)))
-                jobs = _run(plan, layout, tasks, records, options)
-            written, copied, final = _commit(plan, digest, layout, odir, job, records, started, jobs)
+                tasks = _tasks(plan, sources, layout, job, records, range(len(layout.shards)))
+                jobs = _run(plan, sources, layout, tasks, records, options)
+            written, copied, final = _commit(plan, sources, digest, layout, odir, job, records, started, jobs)
         except BaseException as err:
             if not options.finalize:  # finalize never loses the ranks' shards
                 _keep_or_remove(job, err)
@@ -67,16 +70,17 @@ def run_job(plan: Plan, layout: OutputLayout, out: Path, options: RunOptions, *,
                        stale_removed=odir.stale_removed, copied=copied, shards_kept=len(layout.shards) - len(tasks))
 
 
-def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptions) -> ApplyResult:
+def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir,
+                options: RunOptions) -> ApplyResult:
     assert options.shard_of is not None
     rank, world = options.shard_of
     mine = range(rank, len(layout.shards), world)
     # other ranks write into the same job directory at the same time: touch only our shards
     records = job.open(layout, resume=options.resume, discard_others=False,
                        mine=[layout.shards[i].file for i in mine])
-    tasks = _tasks(plan, layout, job, records, mine)
+    tasks = _tasks(plan, sources, layout, job, records, mine)
     try:
-        _run(plan, layout, tasks, records, options)
+        _run(plan, sources, layout, tasks, records, options)
     except BaseException:
         if job.finished_shards():
             logger.warning("{} finished shard(s) are kept in {}: rerun this rank to resume", job.finished_shards(),
@@ -87,22 +91,22 @@ def _write_rank(plan: Plan, layout: OutputLayout, job: JobDir, options: RunOptio
                        shards_kept=len(mine) - len(tasks), shard_of=options.shard_of, shards_of_rank=len(mine))
 
 
-def _tasks(plan: Plan, layout: OutputLayout, job: JobDir, records: dict[str, ShardRecord],
+def _tasks(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir, records: dict[str, ShardRecord],
            indices: range) -> list[ShardTask]:
     kept = [layout.shards[i].file for i in indices if layout.shards[i].file in records]
     if kept:
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
                     job.path, len(kept), len(indices))
-    return shard_tasks(plan, layout, job, [i for i in indices if layout.shards[i].file not in records])
+    return shard_tasks(plan, sources, layout, job, [i for i in indices if layout.shards[i].file not in records])
 
 
-def _run(plan: Plan, layout: OutputLayout, tasks: list[ShardTask], records: dict[str, ShardRecord],
-         options: RunOptions) -> dict[str, Any]:
+def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[ShardTask],
+         records: dict[str, ShardRecord], options: RunOptions) -> dict[str, Any]:
     """Run ``tasks`` by the executor of ``options``, adding each record to ``records``; how
     many processes ran them and why (the audit summary's ``jobs``)."""
     workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, len(tasks))
     workers = min(workers, max(1, len(tasks)))
-    executor = EXECUTORS[options.executor](options, plan, workers)
+    executor = EXECUTORS[options.executor](options, sources, workers)
     bar = ShardProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
     by_file = {t.file: t.index for t in tasks}
 
@@ -156,7 +160,7 @@ def _keep_or_remove(job: JobDir, err: BaseException) -> None:
         job.remove()
 
 
-def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
+def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
             records: dict[str, ShardRecord], started: Any,
             jobs: dict[str, Any] | None) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
@@ -173,7 +177,7 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
         config_sha256 = hashlib.sha256(config_path.read_bytes()).hexdigest()
     audit = _Audit(odir)
     try:
-        copied = tuple(copy_files(plan.files, plan.checkpoints, odir.tmp_path))
+        copied = tuple(copy_files(plan.files, sources.checkpoints, odir.tmp_path))
         audit.event(run_event(plan, started, digest))
         for tensor_record in plan.records:
             audit.event(tensor_record.to_event())
@@ -192,7 +196,7 @@ def _commit(plan: Plan, digest: RunDigest, layout: OutputLayout, odir: OutputDir
                      "config_file": plan.rules.output.config_file,
                      "warnings": list(plan.warnings)})
         # every byte is read: a source written to since it was planned fails the run here
-        check_unchanged(plan.files_read())
+        check_unchanged({pin.path: pin for pin in (*plan.files_read(), *sources.pins())}.values())
     except BaseException:
         audit.close(failing=True)
         raise

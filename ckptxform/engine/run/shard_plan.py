@@ -29,6 +29,7 @@ from ...where import Where
 from ..output.jobdir import JobDir
 from ..plan.codec import Codec
 from ..plan.layout import OutputTensorSpec, ShardLayout, TensorPlacement
+from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from ..plan.recipes import (
     BlockProgram,
@@ -37,6 +38,7 @@ from ..plan.recipes import (
     OutputPlan,
     RowAccount,
     RowsOrigin,
+    Sources,
     TensorRef,
     VocabField,
 )
@@ -101,8 +103,9 @@ class RunPlan:
     etags: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
-def slice_plan(plan: Plan, shards: list[ShardLayout], etags: Mapping[str, Mapping[str, str]]) -> RunPlan:
-    """The part of ``plan`` that writes ``shards``."""
+def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
+               etags: Mapping[str, Mapping[str, str]]) -> RunPlan:
+    """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was planned from)."""
     by_key = {o.key: o for o in plan.outputs}
     works = {}
     for shard in shards:
@@ -110,26 +113,14 @@ def slice_plan(plan: Plan, shards: list[ShardLayout], etags: Mapping[str, Mappin
         reads: dict[tuple[str, str], TensorInfo] = {}
         for out in outputs:
             refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
-            refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(plan)]
+            refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(sources)]
             for source, key in refs:
-                reads[(source, key)] = plan.checkpoints[source].tensors[key]
+                reads[(source, key)] = sources.checkpoints[source].tensors[key]
         works[shard.file] = ShardPlan(shard, outputs, reads)
     names = sorted({source for work in works.values() for source, _ in work.reads})
-    return RunPlan(shards=works, sources={n: PinnedSource.of(n, plan.checkpoints[n]) for n in names},
-                   vocab_maps=plan.vocab_maps, pins={n: plan.checkpoints[n].pins() for n in names},
+    return RunPlan(shards=works, sources={n: PinnedSource.of(n, sources.checkpoints[n]) for n in names},
+                   vocab_maps=plan.vocab_maps, pins={n: sources.checkpoints[n].pins() for n in names},
                    etags={n: etags[n] for n in names if n in etags})
-
-
-@dataclass
-class OpenSources:
-    """The ``Sources`` a worker's recipes read through: its own open checkpoints."""
-
-    checkpoints: dict[str, Checkpoint]
-    vocab_maps: dict[str, VocabMap]
-
-    def close(self) -> None:
-        for ckpt in self.checkpoints.values():
-            ckpt.close()
 
 
 def open_pinned(run: RunPlan, work: ShardPlan, opened: dict[str, Checkpoint]) -> OpenSources:

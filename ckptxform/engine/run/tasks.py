@@ -48,16 +48,18 @@ class ShardTask:
     cwd: str = field(default_factory=os.getcwd)
 
 
-def first_etags(plan: Plan) -> dict[str, dict[str, str]]:
+def first_etags(sources: Sources) -> dict[str, dict[str, str]]:
     """Source -> file -> ETag of the first bytes the run was served of it (Hub sources)."""
-    return {name: etags for name, ckpt in sorted(plan.checkpoints.items()) if (etags := ckpt.first_etags())}
+    return {name: etags for name, ckpt in sorted(sources.checkpoints.items()) if (etags := ckpt.first_etags())}
 
 
-def shard_tasks(plan: Plan, layout: OutputLayout, job: JobDir, indices: list[int]) -> list[ShardTask]:
-    """One task per shard of ``indices``, their slice of ``plan`` saved in ``job``."""
+def shard_tasks(plan: Plan, sources: Sources, layout: OutputLayout, job: JobDir,
+                indices: list[int]) -> list[ShardTask]:
+    """One task per shard of ``indices``, their slice of ``plan`` (read through ``sources``,
+    the open checkpoints it was planned from) saved in ``job``."""
     if not indices:
         return []
-    name = save_run_plan(job, slice_plan(plan, [layout.shards[i] for i in indices], first_etags(plan)))
+    name = save_run_plan(job, slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources)))
     return [ShardTask(job, i, layout.shards[i].file, name) for i in indices]
 
 
