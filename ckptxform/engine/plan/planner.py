@@ -328,6 +328,8 @@ class _Planner:
                 else:  # a match rule's wording, as the audit has always put it
                     reason = "matched" + (f", renamed to {outs[0]!r}" if action == "renamed" else "")
                     action = "cast" if action == "loaded" and dtype != info.dtype else action
+            if rule.ops and info.key in unchanged:  # an op that passed it through may say why (quantize's ignore)
+                reason += "".join(f"; {why}" for step in rule.ops if (why := step.op.kept_reason(step.args, info.key)))
             if dtype != info.dtype:
                 reason += f", cast {info.dtype} -> {dtype}"
             self._record(source, info, action, outs[0] if len(outs) == 1 else tuple(outs), rule.where.short, reason)
