@@ -223,7 +223,7 @@ class QuantizeNvfp4(_Quantize):
 
 
 def _row_tasks(weight: InputTensor, dtype: str, cols: int, first: int, stop: int, step: int,
-               kernel: Callable[[bytes], bytes]) -> Iterator[Callable[[], bytes]]:
+               kernel: Callable[[bytes], bytes | memoryview]) -> Iterator[Callable[[], bytes | memoryview]]:
     """One task per ``step`` rows of ``weight`` in ``[first, stop)``: read here, computed on a worker."""
     row = cols * DTYPE_SIZES[dtype]
     for start in range(first, stop, step):
@@ -231,7 +231,7 @@ def _row_tasks(weight: InputTensor, dtype: str, cols: int, first: int, stop: int
         yield partial(kernel, weight.read(start * row, count * row))
 
 
-def _guarded(block: Block, pieces: Iterator[bytes]) -> Iterator[bytes]:
+def _guarded(block: Block, pieces: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
     """``pieces``, a non-finite weight value turned into the error naming the tensor."""
     try:
         yield from pieces

@@ -35,6 +35,7 @@ Non-finite weights are refused (``NonFiniteWeight``): their codes would be meani
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from .fp4 import pack_e2m1
@@ -62,20 +63,41 @@ class NonFiniteWeight(ValueError):
 
 
 def _values(weight: Buffer, dtype: str, cols: int) -> np.ndarray:
-    """float32 ``[rows, cols]`` of the weight bytes (exact), refusing non-finite values."""
+    """float32 ``[rows, cols]`` of the weight bytes (exact). Non-finite values are found
+    by the callers from the block maxima (a NaN or inf makes its maximum non-finite)."""
     import numpy as np
 
     if dtype == "BF16":
-        out = (np.frombuffer(weight, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        import ml_dtypes
+
+        out = np.frombuffer(weight, dtype=ml_dtypes.bfloat16).astype(np.float32)
     elif dtype in ("F16", "F32"):
         out = np.frombuffer(weight, dtype="<f2" if dtype == "F16" else "<f4").astype(np.float32)
     else:
         raise ValueError(f"weight dtype {dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
     if cols == 0 or out.size % cols:
         raise ValueError(f"{out.size} values are not whole rows of {cols}")
-    if not np.isfinite(out).all():
-        raise NonFiniteWeight("the weight holds NaN or infinite values")
     return out.reshape(-1, cols)
+
+
+def _finite(maxima: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    if not np.isfinite(maxima).all():
+        raise NonFiniteWeight("the weight holds NaN or infinite values")
+    return maxima
+
+
+def _bits16(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 ``values`` rounded to nearest even in BF16 or F16: the uint16 patterns."""
+    import numpy as np
+
+    if dtype == "F16":
+        with np.errstate(over="ignore"):
+            return values.astype(np.float16).view(np.uint16)
+    import ml_dtypes
+
+    return values.astype(ml_dtypes.bfloat16).view(np.uint16)  # to nearest even
 
 
 def _round(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -85,15 +107,8 @@ def _round(values: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F32":
         return values
     if dtype == "F16":
-        with np.errstate(over="ignore"):
-            return values.astype(np.float16).astype(np.float32)
-    # BF16: add half an ulp (less one, plus the kept lowest bit: ties to even), clear the low half
-    bits = values.view(np.uint32)
-    carry = (bits >> np.uint32(16)) & np.uint32(1)
-    carry += np.uint32(0x7FFF)
-    carry += bits
-    carry &= np.uint32(0xFFFF0000)
-    return carry.view(np.float32)
+        return _bits16(values, dtype).view(np.float16).astype(np.float32)
+    return (_bits16(values, dtype).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _eps(dtype: str) -> float:
@@ -126,21 +141,41 @@ def _e4m3_values(codes: np.ndarray) -> np.ndarray:
     return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 
+@functools.cache
+def _e4m3_of_bits(dtype: str) -> np.ndarray:
+    """uint8 [65536]: the e4m3 code of every BF16 or F16 pattern clamped to +-448: the
+    cast of a quotient already rounded to that dtype is one table lookup."""
+    import numpy as np
+
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    values = (bits << np.uint32(16)).view(np.float32) if dtype == "BF16" else \
+        bits.astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        return _e4m3(np.clip(values, -FP8_MAX, FP8_MAX))
+
+
 # -- FP8 ------------------------------------------------------------------------------
 
-def _fp8_scales(x: np.ndarray, layout: Fp8Block, dtype: str) -> np.ndarray:
-    """float32 ``[scale rows, scale cols]`` of the rows ``x`` (whole block rows)."""
+def _fp8_blocks(x: np.ndarray, layout: Fp8Block) -> np.ndarray:
+    """``x`` as [block rows, bh, block cols, bw], zero-padded where an edge block is
+    partial (zeros change no absmax, and their codes are cut off again)."""
     import numpy as np
 
     rows, cols = x.shape
     bh, bw = layout.block_rows, layout.block_cols
     sr, sc = layout.scale_rows(rows), layout.scale_cols
-    a = np.abs(x)
-    if rows % bh or cols % bw:  # a partial edge block: zeros change no absmax
+    if rows % bh or cols % bw:
         padded = np.zeros((sr * bh, sc * bw), dtype=np.float32)
-        padded[:rows, :cols] = a
-        a = padded
-    amax = a.reshape(sr, bh, sc, bw).max(axis=(1, 3))
+        padded[:rows, :cols] = x
+        x = padded
+    return x.reshape(sr, bh, sc, bw)
+
+
+def _fp8_scales(blocks: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 ``[block rows, block cols]``: each block's scale, rounded to ``dtype``."""
+    import numpy as np
+
+    amax = _finite(np.maximum(blocks.max(axis=(1, 3)), -blocks.min(axis=(1, 3))))
     scale = _round(amax / np.float32(FP8_MAX), dtype)
     scale[scale == 0] = np.float32(_eps(dtype))
     return scale
@@ -148,25 +183,29 @@ def _fp8_scales(x: np.ndarray, layout: Fp8Block, dtype: str) -> np.ndarray:
 
 def fp8_scale_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> bytes:
     """The scale rows (in ``dtype``) of whole block rows of a weight."""
-    return _stored(_fp8_scales(_values(weight, dtype, layout.cols), layout, dtype), dtype)
+    return _stored(_fp8_scales(_fp8_blocks(_values(weight, dtype, layout.cols), layout), dtype), dtype)
 
 
-def fp8_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> bytes:
+def fp8_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> memoryview:
     """The e4m3 codes of whole block rows of a weight (each block by its own scale).
 
     >>> import numpy as np
     >>> w = np.array([[1.0, -0.5, 0.0, -0.0]], dtype=np.float32)
-    >>> fp8_rows(w.tobytes(), "F32", Fp8Block(cols=4, block_rows=1, block_cols=4)).hex()
+    >>> bytes(fp8_rows(w.tobytes(), "F32", Fp8Block(cols=4, block_rows=1, block_cols=4))).hex()
     '7ef60080'
     """
     import numpy as np
 
     x = _values(weight, dtype, layout.cols)
-    scale = _fp8_scales(x, layout, dtype)
-    full = np.repeat(np.repeat(scale, layout.block_rows, axis=0), layout.block_cols, axis=1)
-    q = _round(x / full[:x.shape[0], :layout.cols], dtype)
-    np.clip(q, -FP8_MAX, FP8_MAX, out=q)
-    return _e4m3(q).tobytes()
+    blocks = _fp8_blocks(x, layout)
+    blocks /= _fp8_scales(blocks, dtype)[:, None, :, None]  # x is scratch: divided in place
+    if dtype == "F32":
+        np.clip(blocks, -FP8_MAX, FP8_MAX, out=blocks)
+        codes = _e4m3(blocks)
+    else:
+        codes = _e4m3_of_bits(dtype)[_bits16(blocks, dtype)]
+    sr, bh, sc, bw = blocks.shape
+    return memoryview(np.ascontiguousarray(codes.reshape(sr * bh, sc * bw)[:x.shape[0], :layout.cols])).cast("B")
 
 
 # -- NVFP4 ----------------------------------------------------------------------------
@@ -176,7 +215,7 @@ def absmax(weight: Buffer, dtype: str, cols: int) -> float:
     import numpy as np
 
     x = _values(weight, dtype, cols)
-    return float(np.abs(x).max()) if x.size else 0.0
+    return float(_finite(np.array(max(x.max(), -x.min())))) if x.size else 0.0
 
 
 def nvfp4_global_scale(amax: float, dtype: str) -> float:
@@ -203,7 +242,7 @@ def _nvfp4_scales(x: np.ndarray, global_scale: float, dtype: str) -> np.ndarray:
     rows, cols = x.shape
     if cols % NVFP4_GROUP:
         raise ValueError(f"{cols} columns are not whole groups of {NVFP4_GROUP}")
-    amax = np.abs(x).reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP).max(axis=2)
+    amax = _finite(np.abs(x).reshape(rows, cols // NVFP4_GROUP, NVFP4_GROUP).max(axis=2))
     scale = _round(amax / np.float32(FP4_MAX), dtype) * np.float32(global_scale)
     np.clip(scale, -FP8_MAX, FP8_MAX, out=scale)
     codes = _e4m3(scale)

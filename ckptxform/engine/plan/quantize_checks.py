@@ -2,8 +2,8 @@
 
 What the quantize ops leave unquantized (their ``targets`` and ``ignore``) must be what the
 output's ``quantization_config`` says, or vLLM and transformers look for scales that are
-not there (or load FP8 codes as bf16). The rule states both; a difference is a plan error
-naming the two places. An ``ignore`` entry that is a module name naming no module of the
+not there (or load FP8 codes as bf16). A rule that writes a config states both; a
+difference is a plan error naming the two places. An ``ignore`` entry that is a module name naming no module of the
 converted source is a warning (a typo quantizes what it meant to keep); a ``re:`` pattern
 is not, since the shipped defaults (routers, MTP layers) match nothing in a dense model.
 """
@@ -41,7 +41,9 @@ def check_quantize(rules: RuleSet, config: dict[str, Any] | None, source_keys: I
 
 
 def _agrees(label: str, verb: str, args: Any, config: dict[str, Any] | None) -> None:
-    written = (config or {}).get("quantization_config")
+    if config is None:  # the rule writes no config.json (its user supplies one)
+        return
+    written = config.get("quantization_config")
     fix = "write the same targets and ignore in both places"
     if not isinstance(written, dict):
         raise PlanError(f"{label}: the rule quantizes, but the config it writes has no quantization_config; "
