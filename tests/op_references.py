@@ -271,8 +271,8 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _quantizable(t: torch.Tensor) -> None:
-    if t.dim() != 2 or t.dtype not in _FLOATS:
-        raise Invalid("quantize: not a 2-D floating-point weight")
+    if t.dim() != 2 or t.dtype not in _FLOATS or t.shape[1] == 0:
+        raise Invalid("quantize: not a 2-D floating-point weight with columns")
 
 
 def ref_quantize_fp8(t: torch.Tensor, block: tuple[int, int] | None) -> list[tuple[str, torch.Tensor]]:

@@ -133,11 +133,11 @@ def _split(case: Case, var: str, fn: Callable[[torch.Tensor], list[tuple[str, to
 
 
 @st.composite
-def cases(draw: Any) -> Case:
+def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4")) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
-    kind = draw(st.sampled_from(["plain", "fp8", "int4", "mxfp4", "bf16"]))
+    kind = draw(st.sampled_from(list(kinds)))
     fp8 = kind == "fp8"
     tensors: dict[str, torch.Tensor] = {}
     if kind == "int4":
@@ -488,6 +488,16 @@ def test_a_chain_that_plans_applies_and_equals_the_torch_reference(case: Case) -
     with tempfile.TemporaryDirectory() as tmp:
         permuted = " (permute_rows in the chain)" if any("permute_rows" in op for op in case.ops) else ""
         event(f"{case.kind}: {run_case(case, Path(tmp))}{permuted}")
+
+
+@settings(derandomize=True, max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases(kinds=("bf16",)))
+def test_a_chain_ending_in_a_quantize_op_equals_the_torch_reference(case: Case) -> None:
+    """bf16/f16/f32 weights through random ops, then quantize_fp8_block / _channel / _nvfp4
+    (its own search, so the chains above are drawn as before)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        event(f"{case.ops[-1] and next(iter(case.ops[-1]))}: {run_case(case, Path(tmp))}")
 
 
 # ------------------------------------------------------------------ the chains of issue 21

@@ -103,9 +103,9 @@ class _Quantize(BlockOp):
         if names is not None and not set(self.parts) <= set(names):
             raise ctx.error(f"{self.verb}: 'to' must enumerate {args['into']} with the parts it writes: "
                             f"{{{args['into']}:{','.join(('weight',) + tuple(p for p in self.parts if p != 'weight'))}}}")
-        if value.dtype not in WEIGHT_DTYPES or len(value.shape) != 2:
+        if value.dtype not in WEIGHT_DTYPES or len(value.shape) != 2 or value.shape[1] == 0:
             raise ctx.error(f"{key!r} is {value.dtype} {list(value.shape)}: {self.verb} quantizes 2-D BF16, F16 or "
-                            f"F32 weights; add {key.rpartition('.')[0]!r} to ignore (or narrow targets)", key=key)
+                            f"F32 weights with columns; add {key.rpartition('.')[0]!r} to ignore (or narrow targets)", key=key)
         return self._parts(args, ctx, key, value)
 
     def _parts(self, args: Any, ctx: Context, key: str, value: View) -> list[tuple[str, Value]]:

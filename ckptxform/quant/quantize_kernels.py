@@ -205,7 +205,7 @@ def fp8_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> memoryview:
     else:
         codes = _e4m3_of_bits(dtype)[_bits16(blocks, dtype)]
     sr, bh, sc, bw = blocks.shape
-    return memoryview(np.ascontiguousarray(codes.reshape(sr * bh, sc * bw)[:x.shape[0], :layout.cols])).cast("B")
+    return memoryview(np.ascontiguousarray(codes.reshape(sr * bh, sc * bw)[:x.shape[0], :layout.cols]).reshape(-1))
 
 
 # -- NVFP4 ----------------------------------------------------------------------------
