@@ -285,6 +285,7 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--skip-tb", action="store_true", help="skip the 1 TB sparse-verifier scenario")
     ap.add_argument("--skip-structural", action="store_true", help="skip the structural-op scenario")
+    ap.add_argument("--skip-quantize", action="store_true", help="skip the bf16 -> FP8 block quantize scenario")
     ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     ap.add_argument("--only", default=None, metavar="NAME,...",
@@ -355,6 +356,11 @@ def main() -> None:
                                       "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
         if not args.skip_structural:
             report += structural_scenario(work, parse_size(args.size), args.reps, figures)
+        if not args.skip_quantize:
+            import quantize_bench  # imports this module: not at the top
+
+            lines, figures["quantize"] = quantize_bench.run(parse_size(args.size), args.reps, work)
+            report += ["", *lines]
         if not args.skip_tb:
             tb = tb_scenario(work, small=args.small_tb)
             figures["tb"] = tb

@@ -263,3 +263,54 @@ def ref_merge_heads(members: list[torch.Tensor], heads: int) -> torch.Tensor:
     rest = first.shape[1:]
     per = [m.reshape(heads, rows // heads, *rest) for m in members]
     return torch.stack(per, 1).reshape(rows * len(members), *rest).contiguous()
+
+
+# ------------------------------------------------------------------ quantize (compressed-tensors' CPU path)
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _quantizable(t: torch.Tensor) -> None:
+    if t.dim() != 2 or t.dtype not in _FLOATS or t.shape[1] == 0:
+        raise Invalid("quantize: not a 2-D floating-point weight with columns")
+
+
+def ref_quantize_fp8(t: torch.Tensor, block: tuple[int, int] | None) -> list[tuple[str, torch.Tensor]]:
+    """e4m3 codes and a scale per block (per row when ``block`` is None), the scale
+    absmax / 448 in the weight's dtype (its epsilon when 0), the quotient rounded to the
+    weight's dtype, clamped, then cast."""
+    _quantizable(t)
+    rows, cols = t.shape
+    bh, bw = block or (1, max(cols, 1))
+    padded = torch.nn.functional.pad(t, (0, -cols % bw, 0, -rows % bh))
+    blocks = padded.unflatten(0, (-1, bh)).unflatten(2, (-1, bw))
+    if blocks.numel():
+        scale = blocks.abs().amax(dim=(1, 3)) / torch.tensor(448.0, dtype=t.dtype)
+    else:
+        scale = torch.zeros(blocks.shape[0], blocks.shape[2], dtype=t.dtype)
+    scale = torch.where(scale == 0, torch.tensor(torch.finfo(t.dtype).eps, dtype=t.dtype), scale)
+    q = (blocks / scale[:, None, :, None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return [("weight", q.flatten(2, 3).flatten(0, 1)[:rows, :cols].contiguous()), ("weight_scale", scale)]
+
+
+def ref_quantize_nvfp4(t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """e2m1 codes two a byte, an e4m3 scale per 16 columns, one float32 global scale."""
+    _quantizable(t)
+    rows, cols = t.shape
+    if cols % 16:
+        raise Invalid("nvfp4: the row is not whole groups of 16")
+    amax = t.abs().amax() if t.numel() else torch.tensor(0.0, dtype=t.dtype)
+    amax = amax.clamp(min=torch.finfo(t.dtype).tiny)
+    glob = torch.nan_to_num(amax.reciprocal() * 2688.0, nan=1.0, posinf=1.0, neginf=1.0).float().reshape(1)
+    groups = t.unflatten(-1, (-1, 16))
+    local = (groups.abs().amax(-1) if groups.numel() else torch.zeros(rows, cols // 16, dtype=t.dtype)) \
+        / torch.tensor(6.0, dtype=t.dtype)
+    scale = (glob * local.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.where(scale.float() == 0, torch.tensor(0.125), scale.float()).to(torch.float8_e4m3fn)
+    q = (groups.float() / (scale.float() / glob)[..., None]).clamp(-6, 6).reshape(rows, cols)
+    a = q.abs()
+    codes = sum(((a >= b) if up else (a > b)).to(torch.uint8) for b, up in
+                ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False)))
+    codes = codes | ((q < 0).to(torch.uint8) << 3)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return [("weight_packed", packed.contiguous()), ("weight_scale", scale), ("weight_global_scale", glob)]

@@ -42,6 +42,8 @@ from op_references import (
     ref_merge_heads,
     ref_mxfp4,
     ref_permute,
+    ref_quantize_fp8,
+    ref_quantize_nvfp4,
     ref_qkv,
     ref_reshape,
     ref_resize,
@@ -131,11 +133,11 @@ def _split(case: Case, var: str, fn: Callable[[torch.Tensor], list[tuple[str, to
 
 
 @st.composite
-def cases(draw: Any) -> Case:
+def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4")) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
-    kind = draw(st.sampled_from(["plain", "fp8", "int4", "mxfp4"]))
+    kind = draw(st.sampled_from(list(kinds)))
     fp8 = kind == "fp8"
     tensors: dict[str, torch.Tensor] = {}
     if kind == "int4":
@@ -152,6 +154,12 @@ def cases(draw: Any) -> Case:
             tensors[f"x.{e}.weight_scale_inv"] = torch.rand(srows, scols, generator=gen) + 0.25
         case = Case(tensors, "x.{E}.{T:weight,weight_scale_inv}", block, free=["E", "T"],
                     config={"quantization_config": {"quant_method": "fp8", "weight_block_size": list(block)}})
+    elif kind == "bf16":  # floating-point weights, quantized by the last op
+        rows, cols = draw(st.integers(1, 12)), draw(st.sampled_from([3, 16, 32]))
+        dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
+        for e in range(experts):
+            tensors[f"x.{e}.weight"] = (torch.randn(rows, cols, generator=gen) * 4).to(dtype)
+        case = Case(tensors, "x.{E}.weight", None, free=["E"])
     else:
         shape = tuple(draw(st.lists(st.integers(1, 6), min_size=1, max_size=3)))
         dtype = DTYPES[draw(st.sampled_from(sorted(DTYPES)))]
@@ -163,7 +171,7 @@ def cases(draw: Any) -> Case:
     case.items = {}
     for key, value in case.tensors.items():
         parts = key.split(".")
-        binding = [("E", parts[1])] + ([("T", parts[2])] if kind != "plain" else [])
+        binding = [("E", parts[1])] + ([("T", parts[2])] if kind not in ("plain", "bf16") else [])
         case.items[tuple(sorted(binding))] = value
     if kind == "int4":
         # dequant_int4 first: it reads weight_shape's two integers when it runs (a plan reads
@@ -178,11 +186,29 @@ def cases(draw: Any) -> Case:
         case.free.remove("T")
     for _ in range(draw(st.integers(1, 4))):
         _draw_op(draw, case)
+    if kind == "bf16":
+        _draw_quantize(draw, case)
     if "T" in case.free:  # the FP8 members are consumed by a dequant, at the end if not before
         _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), case.block or (1, 1))))
         case.free.remove("T")
     return case
+
+
+def _draw_quantize(draw: Any, case: Case) -> None:
+    """A quantize op last (its parts are block outputs in e4m3 / packed bytes), into Q."""
+    verb = draw(st.sampled_from(["quantize_fp8_block", "quantize_fp8_channel", "quantize_nvfp4"]))
+    args: dict[str, Any] = {"into": "Q"}
+    block = None
+    if verb == "quantize_fp8_block":
+        block = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+        args["block"] = list(block)
+    nvfp4 = verb == "quantize_nvfp4"
+    case.split_names["Q"] = ["weight", "weight_packed", "weight_scale", "weight_global_scale"] if nvfp4 \
+        else ["weight", "weight_scale"]
+    case.free.append("Q")
+    _apply(case, {verb: args}, lambda: _split(case, "Q", ref_quantize_nvfp4 if nvfp4
+                                              else lambda t: ref_quantize_fp8(t, block)))
 
 
 def _int4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
@@ -462,6 +488,16 @@ def test_a_chain_that_plans_applies_and_equals_the_torch_reference(case: Case) -
     with tempfile.TemporaryDirectory() as tmp:
         permuted = " (permute_rows in the chain)" if any("permute_rows" in op for op in case.ops) else ""
         event(f"{case.kind}: {run_case(case, Path(tmp))}{permuted}")
+
+
+@settings(derandomize=True, max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases(kinds=("bf16",)))
+def test_a_chain_ending_in_a_quantize_op_equals_the_torch_reference(case: Case) -> None:
+    """bf16/f16/f32 weights through random ops, then quantize_fp8_block / _channel / _nvfp4
+    (its own search, so the chains above are drawn as before)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        event(f"{case.ops[-1] and next(iter(case.ops[-1]))}: {run_case(case, Path(tmp))}")
 
 
 # ------------------------------------------------------------------ the chains of issue 21

@@ -129,8 +129,19 @@ def _gpt_oss_mxfp4(root: Path) -> Scenario:
     return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
 
 
-#: rules that convert a verifier (dequantize it), not a drafter: no drafter config to write
-VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml")
+def _bf16_llama(root: Path) -> Scenario:
+    from ckptxform.standins.hf_models import LmDims, build_llama
+    from safetensors import safe_open
+
+    model = build_llama(root / "Qwen3-8B-bf16", LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400), seed=14)
+    with safe_open(str(model / "model.safetensors"), "np") as f:
+        keys = frozenset(f.keys())
+    return Scenario({"model": str(model)}, keys, "model")
+
+
+#: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
+VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml",
+                  "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -143,6 +154,9 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "fp8_block_to_bf16.yaml": _kimi_k2_fp8,
     "compressed_int4_to_bf16.yaml": _kimi_k25_int4,
     "mxfp4_to_bf16.yaml": _gpt_oss_mxfp4,
+    "bf16_to_fp8_block.yaml": _bf16_llama,
+    "bf16_to_fp8_dynamic.yaml": _bf16_llama,
+    "bf16_to_nvfp4.yaml": _bf16_llama,
 }
 
 

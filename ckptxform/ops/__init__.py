@@ -25,6 +25,7 @@ from .layout import (
     Stack,
     Unstack,
 )
+from .quantize import QuantizeFp8Block, QuantizeFp8Channel, QuantizeNvfp4
 from .resize import ResizeRows
 from .rows import PermuteRows
 from .transpose import Transpose
@@ -35,6 +36,7 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
+    QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
 )}
 
 

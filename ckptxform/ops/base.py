@@ -185,6 +185,16 @@ class Context(ABC):
         """The JSON value at a dotted path of the converted source's config, None when absent."""
         raise NotImplementedError
 
+    def source_key(self) -> str:
+        """Split ops: the source key of the tensor being worked on."""
+        raise NotImplementedError
+
+    def siblings(self, var: str) -> list[tuple[str, str, View]]:
+        """Split ops: ``(value of var, source key, view)`` of the tensors agreeing with this
+        one on every variable but ``var`` (a variable of ``key``), this one included, in the
+        group's order. A set missing a member is a plan error naming it (as for a reduce)."""
+        raise NotImplementedError
+
     def vocab(self, name: str) -> VocabMap:
         """The rule file's vocabulary map ``name``."""
         raise NotImplementedError
@@ -318,6 +328,11 @@ class OpDef(ABC):
     @abstractmethod
     def inverse(self, args: Any) -> tuple[str, Any]:
         """``(verb, args)`` of the op undoing this one; raise ``NoInverse`` when there is none."""
+
+    def kept_reason(self, args: Any, key: str) -> str | None:
+        """Why the op passed source tensor ``key`` through unchanged (for its audit record),
+        when it chooses (a quantize op's ignored module)."""
+        return None
 
     def describe(self, args: Any) -> str:
         """The op as the audit's ``written`` record names it (``stack over E``)."""

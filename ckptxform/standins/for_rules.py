@@ -21,6 +21,7 @@ from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_d
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
+    LmDims,
     build_gemma,
     build_gpt2,
     build_llama,
@@ -91,6 +92,14 @@ def _model(path: Path | str) -> dict[str, str]:
 
 _DRAFTER_CHECKS = "the key set SGLang's llama_eagle3 loader places; speculators 0.9 loads it (tests/test_consumers.py)"
 _STRUCTURAL_CHECKS = "transformers 5.x: loads it strictly, same bytes as its own save, same logits"
+_QUANTIZE_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
+                    "quantization_config; transformers loads it (tests/test_quantize_reference.py)")
+#: a bf16 Llama whose widths leave partial 128x128 blocks (208, 400) and divide into NVFP4 groups of 16, GQA
+_QUANTIZE_TINY = LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400)
+
+
+def _bf16_llama(root: Path) -> dict[str, str]:
+    return _model(build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY))
 
 STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25": RuleStandin(
@@ -166,6 +175,18 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_gemma(root / "gemma-7b")), "Gemma (x * (1 + w) norms, scaled embedding, tied)",
         "Llama layout (w + 1 norms, scale folded, untied head)", "google/gemma-2b, google/gemma-7b",
         "llama.cpp's w + 1 and transformers' embedding scale bit for bit; LlamaForCausalLM computes Gemma's logits"),
+    "bf16_to_fp8_block": RuleStandin(
+        _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "FP8 e4m3, 128x128 block scales "
+        "(compressed-tensors FP8_BLOCK)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
+        _QUANTIZE_CHECKS),
+    "bf16_to_fp8_dynamic": RuleStandin(
+        _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "FP8 e4m3, per-channel scales "
+        "(compressed-tensors FP8_DYNAMIC)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
+        _QUANTIZE_CHECKS),
+    "bf16_to_nvfp4": RuleStandin(
+        _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "NVFP4 weights, 16-bit activations "
+        "(compressed-tensors NVFP4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
+        _QUANTIZE_CHECKS),
 }
 
 

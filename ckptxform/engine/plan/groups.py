@@ -61,8 +61,10 @@ class PlannedOutput:
 
 class _StepContext(Context):
     def __init__(self, chain: _Chain, step: Step, label: str, binding: Binding,
-                 member_key: Callable[[str], str] | None = None) -> None:
+                 member_key: Callable[[str], str] | None = None,
+                 siblings: Callable[[str], list[tuple[str, str, View]]] | None = None) -> None:
         self.label = label
+        self._siblings = siblings
         refs = chain.refs
         self._refs = References(refs.rules, refs.ckpts, refs.vocab, refs.config, refs.config_label, dict(binding))
         self._member_key = member_key
@@ -102,6 +104,14 @@ class _StepContext(Context):
     def key(self, value: str) -> str:
         assert self._member_key is not None, "key() is for reduce ops"
         return self._member_key(value)
+
+    def source_key(self) -> str:
+        assert self._member_key is not None, "source_key() is for split ops"
+        return self._member_key("")
+
+    def siblings(self, var: str) -> list[tuple[str, str, View]]:
+        assert self._siblings is not None, "siblings() is for split ops"
+        return self._siblings(var)
 
     def config(self, path: str) -> Any:
         value = get_path(self._refs.config or {}, path)
@@ -176,8 +186,10 @@ class _Chain:
             return out
         if op.kind == "split":
             names = next((t.variables[var].values for t in self.rule.to if var in t.variables), None) if var else None
+            index: dict[tuple[str, Binding], list[tuple[str, Value]]] = {}
             for binding, value in items:
-                ctx = _StepContext(self, step, label, binding)
+                ctx = _StepContext(self, step, label, binding, lambda _, b=binding: self.member_key(dict(b), "", ""),
+                                   lambda v, b=binding: self._siblings(step, label, items, index, b, v))
                 for name, part in op.split(step.args, ctx, self.view(value, step, ctx), names):
                     out.append((tuple(sorted((*binding, (var or "", name)))), check_yield(op, part)))
             return out
@@ -199,6 +211,24 @@ class _Chain:
             by_name = dict(group)
             out.append((rest, check_yield(op, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order]))))
         return out
+
+    def _siblings(self, step: Step, label: str, items: list[tuple[Binding, Value]],
+                  index: dict[tuple[str, Binding], list[tuple[str, Value]]], binding: Binding,
+                  var: str) -> list[tuple[str, str, View]]:
+        """The items agreeing with ``binding`` on all but ``var``, in the group's order
+        (``index``: those sets, made once per variable)."""
+        if not any(k == var for k, _ in binding):
+            raise PlanError(f"{label}: {step.verb}: {{{var}}} is not a variable of 'key'")
+        if not any(v == var for v, _ in index):
+            for b, value in items:
+                bound = dict(b)
+                member = bound.pop(var)
+                index.setdefault((var, tuple(sorted(bound.items()))), []).append((member, value))
+        rest = tuple(sorted((k, v) for k, v in binding if k != var))
+        present = dict(index[(var, rest)])
+        ctx = _StepContext(self, step, label, rest, lambda m: self.member_key(dict(rest), var, m))
+        return [(m, ctx.key(m), self.view(present[m], step, ctx, m))
+                for m in self._order(step, ctx, rest, var, set(present))]
 
     def _order(self, step: Step, ctx: _StepContext, rest: Binding, var: str, present: set[str]) -> list[str]:
         """The members a complete group has, in order; a plan error names one that is missing.

@@ -24,6 +24,7 @@ from ...vocab import Alignment, VocabMap
 from .config_builder import build_config
 from .cast_checks import check_quantized_casts
 from .config_checks import check_config
+from .quantize_checks import check_quantize
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
@@ -154,6 +155,7 @@ class _Planner:
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
         check_config(config, self.outputs, self.rules)
+        self.warnings += check_quantize(self.rules, config, self.ckpts[self.rules.convert].tensors)
         check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         check_config_requirements(self.rules, config, self.ckpts, self.vocab)
         sources = {
@@ -328,6 +330,8 @@ class _Planner:
                 else:  # a match rule's wording, as the audit has always put it
                     reason = "matched" + (f", renamed to {outs[0]!r}" if action == "renamed" else "")
                     action = "cast" if action == "loaded" and dtype != info.dtype else action
+            if rule.ops and info.key in unchanged:  # an op that passed it through may say why (quantize's ignore)
+                reason += "".join(f"; {why}" for step in rule.ops if (why := step.op.kept_reason(step.args, info.key)))
             if dtype != info.dtype:
                 reason += f", cast {info.dtype} -> {dtype}"
             self._record(source, info, action, outs[0] if len(outs) == 1 else tuple(outs), rule.where.short, reason)
