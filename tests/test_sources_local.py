@@ -302,7 +302,7 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         open_local(tmp_path)
     assert str(err.value) == (
         f"{tmp_path}: no checkpoint weights found (looked for model.safetensors.index.json, "
-        "model.safetensors, *.safetensors, pytorch_model.bin.index.json, pytorch_model.bin); "
+        "model.safetensors, *.safetensors, pytorch_model.bin.index.json, pytorch_model.bin, consolidated.NN.pth); "
         "give the directory or file that holds the weights"
     )
 

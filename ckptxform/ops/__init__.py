@@ -27,6 +27,7 @@ from .layout import (
 )
 from .resize import ResizeRows
 from .rows import PermuteRows
+from .shards import ConcatShards
 from .transpose import Transpose
 from .views import Deinterleave, Interleave, MergeHeads, Reshape, SplitHeads
 
@@ -35,6 +36,7 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
+    ConcatShards(),
 )}
 
 

@@ -43,7 +43,7 @@ CONFIG = "config.json"
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
+def open_local(path: str | Path, *, name: str | None = None) -> Checkpoint:
     """Index the checkpoint at ``path`` from its headers. ``name`` (the source's name in
     the rule file) is set as ``source`` on any error raised.
 
@@ -198,8 +198,18 @@ class LocalCheckpoint(Checkpoint):
             return self._descriptors[file]
 
 
-def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
+def _open(path: Path, *, location: str, name: str | None) -> Checkpoint:
     layout = find_layout(path)
+    if layout.model_parallel:
+        from ckptxform.sources.model_parallel import open_model_parallel
+
+        return open_model_parallel(
+            layout.root, layout.files, location=location, name=name,
+            open_file=lambda file: _open_layout(Layout(layout.root, "bin", (file,)), location=location, name=name))
+    return _open_layout(layout, location=location, name=name)
+
+
+def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalCheckpoint:
     for file in layout.files:
         shard = layout.root / file
         if not shard.exists():

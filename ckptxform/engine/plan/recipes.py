@@ -56,14 +56,21 @@ class Sources(Protocol):
 
 @dataclass(frozen=True)
 class TensorRef:
+    """``source``'s tensor ``key``; ``shard``: only its piece in that model-parallel shard file."""
+
     source: str
     key: str
+    shard: int | None = None
 
     def info(self, plan: Sources) -> TensorInfo:
-        return plan.checkpoints[self.source].tensors[self.key]
+        ckpt = plan.checkpoints[self.source]
+        return ckpt.tensors[self.key] if self.shard is None else ckpt.shard_tensors(self.key)[self.shard]
 
-    def to_dict(self) -> dict[str, str]:
-        return {"source": self.source, "key": self.key}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "key": self.key}
+        if self.shard is not None:
+            out["shard"] = self.shard
+        return out
 
 
 class Recipe(ABC):
