@@ -206,3 +206,31 @@ def test_a_concat_shards_that_cannot_be_is_refused_at_plan_time(tmp_path: Path, 
     build_meta_model_parallel(tmp_path / "mp2", shards=2, seed=3)
     with pytest.raises(PlanError, match=message):
         api.plan(_rule(tmp_path, ops))
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+@pytest.mark.parametrize("then", [[], [{"rope_permute": {"heads": 3}}], [{"transpose": [0, 2]}]])
+def test_concat_shards_along_any_dim_is_torch_cat_also_under_later_ops(tmp_path: Path, dim: int,
+                                                                       then: list[dict]) -> None:
+    """Three shards of rank-3 tensors of two dtypes; later ops read the concatenation by rows
+    (a block's row ranges when the split dim is an inner one)."""
+    gen = torch.Generator().manual_seed(dim + 7)
+    whole = {"a.w": torch.randn(6, 6, 9, generator=gen).to(torch.bfloat16),
+             "b.w": torch.randint(-100, 100, (6, 6, 9), generator=gen, dtype=torch.int8)}
+    (tmp_path / "mp").mkdir()
+    for rank in range(3):
+        torch.save({k: v.chunk(3, dim=dim)[rank].clone() for k, v in whole.items()},
+                   tmp_path / "mp" / f"consolidated.{rank:02d}.pth")
+    ops = [{"concat_shards": {"dim": dim}}, *then]
+    rule = tmp_path / "r.yaml"
+    rule.write_text("version: 1\nsources:\n  model: {path: mp}\nconvert: model\ntensors:\n"
+                    f"  - key: '{{N}}.w'\n    ops: {json.dumps(ops)}\n")
+    api.apply(rule, out=tmp_path / "out", progress=False)
+    got = read_tensors(tmp_path / "out")
+    for key, want in whole.items():
+        for op in then:
+            if "transpose" in op:
+                want = want.transpose(0, 2).contiguous()
+            else:  # Meta -> HF: view(n, hd // 2, 2, ...).transpose(1, 2)
+                want = want.reshape(3, 1, 2, 6, 9).transpose(1, 2).reshape(6, 6, 9)
+        assert tensor_bytes_of(got[key]) == tensor_bytes_of(want), (key, ops)

@@ -1,9 +1,12 @@
 """concat_shards: one tensor of a model-parallel checkpoint, its pieces in every shard file
 concatenated (Meta's consolidated.NN.pth: ``sources/model_parallel.py``).
 
-A layout op: along dim 0 the pieces are runs one after another, along an inner dim each
-row is interleaved pieces (``concat_views``), so nothing is decoded. On a source that is
-not split across files it is the identity, so one rule converts MP=1 and MP=8 alike.
+Nothing is decoded. Along dim 0 the pieces are runs one after another (a byte program).
+Along an inner dim every output row is the pieces' rows side by side: as byte runs that
+would be a run per row and shard (10 million for Llama-2-70B's wo, w2 and embedding), so
+it is a block op instead, which reads a block of rows of every piece (one range each) and
+interleaves them. On a source that is not split across files it is the identity, so one
+rule converts MP=1 and MP=8 alike.
 
 The whole size along the split dim (``size``, or the whole ``shape``) is checked against
 the pieces: a source with fewer shard files than the size implies is refused, naming the
@@ -14,18 +17,20 @@ embedding's columns, Llama 3 its rows).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from math import prod
 from typing import Any
 
-from .base import Accepts, Context, OpDef, Value, View
+from .base import Accepts, Block, BlockOp, Context, InputTensor, Value, View
 from .layout import _DIM, _EXPR, _dim, concat_views
 
 Integer = Callable[[Any, str], int]
 
 
-class ConcatShards(OpDef):
+class ConcatShards(BlockOp):
     verb = "concat_shards"
     accepts = Accepts(min_rank=1)
+    yields = "either"  # along dim 0 byte runs, along an inner dim a block op
     description = ("The tensor's pieces in every model-parallel shard file (consolidated.NN.pth), concatenated "
                    "along dim (its whole size, optional, checked: missing shard files are named), or along the "
                    "dim where they fall short of the whole shape [EXPR|null, ...]; first op of a chain; the "
@@ -56,7 +61,24 @@ class ConcatShards(OpDef):
                                 key=shards.key)
         if count == 1:
             return value
-        return concat_views(list(shards.views), dim, value.dtype)
+        if dim == 0:
+            return concat_views(list(shards.views), dim, value.dtype)
+        shape = (*value.shape[:dim], piece * count, *value.shape[dim + 1:])
+        return Block(self, {"dim": dim}, shards.views, shape, value.dtype)
+
+    def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
+               rows: range | None = None) -> Iterator[bytes | memoryview]:
+        import numpy as np
+
+        dim, wanted = block.args["dim"], rows if rows is not None else range(block.shape[0])
+        widths = [i.view.row_nbytes for i in inputs]
+        outer = prod(block.shape[1:dim])  # the pieces' runs within one row
+        step = max(1, chunk_bytes // max(1, sum(widths)))
+        for first in range(wanted.start, wanted.stop, step):
+            n = min(step, wanted.stop - first)
+            pieces = [np.frombuffer(i.read(first * w, n * w), np.uint8).reshape(n, outer, w // max(1, outer))
+                      for i, w in zip(inputs, widths)]
+            yield memoryview(np.concatenate(pieces, axis=2)).cast("B")
 
     def inverse(self, args: Any) -> None:
         return None  # the inverse writes one whole tensor: an MP=1 checkpoint, nothing to split
