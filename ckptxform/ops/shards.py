@@ -17,6 +17,7 @@ embedding's columns, Llama 3 its rows).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from math import prod
 from typing import Any
@@ -84,7 +85,7 @@ class ConcatShards(BlockOp):
         return None  # the inverse writes one whole tensor: an MP=1 checkpoint, nothing to split
 
     def describe(self, args: Any) -> str:
-        return f"concat_shards {' '.join(f'{k}={v}' for k, v in args.items())}"
+        return "concat_shards " + " ".join(f"{k}={json.dumps(v)}" for k, v in args.items())
 
 
 def split_dim(args: Any, integer: Integer, shape: tuple[int, ...], count: int, ctx: Context) -> tuple[int, int | None]:

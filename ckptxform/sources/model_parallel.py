@@ -22,11 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..digits import ascii_int
 from ..errors import CheckpointFormatError, SourceNotFoundError, UsageError, quote_keys
 from .base import Checkpoint, ShardInfo, TensorInfo
 from .pins import FilePin
 
-_SHARD = re.compile(r"^consolidated\.([0-9]{2,})\.pth$")
+_SHARD = re.compile(r"^consolidated\.(\d{2,})\.pth$")
 
 
 def shard_name(index: int) -> str:
@@ -40,8 +41,9 @@ def shard_files(directory: Path) -> tuple[str, ...]:
     found: dict[int, str] = {}
     for entry in directory.iterdir():
         matched = _SHARD.match(entry.name)
-        if matched and matched.group(1).isascii():
-            found[int(matched.group(1))] = entry.name
+        rank = ascii_int(matched.group(1)) if matched else None
+        if rank is not None and entry.name == shard_name(rank):  # not consolidated.007.pth beside .07
+            found[rank] = entry.name
     if not found:
         return ()
     missing = [shard_name(i) for i in range(max(found) + 1) if i not in found]

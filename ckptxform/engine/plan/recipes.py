@@ -298,7 +298,9 @@ class _Chain:
         if self.rows is not None:
             return f"{self.rows.source}:{printable(self.rows.key)} (permuted)"
         first, more = self.inputs[0], len(self.inputs) - 1
-        head = f"{first.source}:{printable(first.key)}" + (f" and {more} more" if more else "")
+        pieces = more and all(ref.shard is not None and ref.key == first.key for ref in self.inputs)
+        head = f"{first.source}:{printable(first.key)}" + (
+            f" ({more + 1} shards)" if pieces else f" and {more} more" if more else "")
         return head + (f" ({'; '.join(self.steps)})" if self.steps else "")
 
     def row_account(self) -> RowAccount | None:
