@@ -9,8 +9,8 @@ shard's piece, which a ``concat_shards`` program reads. A tensor read whole (no
 ``concat_shards``: a replicated one) is read from shard 0 and every other shard's copy is
 compared while it is read, so a split tensor can never pass for a replicated one.
 
-Every shard is a ``.pth`` loaded memory-mapped by ``torch_bin`` (only the pages read are
-touched). The files must be ``consolidated.00.pth`` .. ``consolidated.{N-1}.pth`` with no
+Every shard is a ``.pth`` opened by ``torch_bin``: its tensors are byte ranges of the file
+(torch's zip stores each storage raw), read with ``pread``. The files must be ``consolidated.00.pth`` .. ``consolidated.{N-1}.pth`` with no
 gap, hold the same keys, and each key the same dtype and shape in every file (Meta splits
 every tensor equally): anything else is one error naming the files.
 """
