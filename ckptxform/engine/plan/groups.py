@@ -101,7 +101,7 @@ class _StepContext(Context):
         self._chain.accounts[self._binding] = (rows, reason)
 
     def shards(self, value: View) -> Shards:
-        return self._chain.shards(value, self)
+        return self._chain.shards(value, self, self._step)
 
     def key(self, value: str) -> str:
         assert self._member_key is not None, "key() is for reduce ops"
@@ -157,12 +157,12 @@ class _Chain:
         shape, dtype = (item.shape, item.dtype) if isinstance(item, Block) else (item[1].shape, item[1].dtype)
         return View(shape, dtype, (Run(len(self.space) - 1, 0, prod(shape) * DTYPE_SIZES[dtype]),))
 
-    def shards(self, value: View, ctx: Context) -> Shards:
+    def shards(self, value: View, ctx: Context, step: Step) -> Shards:
         """``value`` as each model-parallel shard file holds it: the pieces join ``space``."""
         run = value.runs[0] if len(value.runs) == 1 else None
         item = self.space[run.input] if run is not None and 0 <= run.input < self.members else None
-        if (item is None or isinstance(item, Block) or run is None or run.start or run.length != item[1].nbytes
-                or value.shape != item[1].shape):
+        if (step is not self.rule.ops[0] or item is None or isinstance(item, Block) or run is None or run.start
+                or run.length != item[1].nbytes or value.shape != item[1].shape):
             raise ctx.error("concat_shards reads a source tensor's pieces in every shard file: it must be the "
                             "first op of the chain")
         source, info = item
