@@ -267,6 +267,38 @@ def structural_scenario(work: Path, size: int, reps: int, figures: dict[str, obj
     return lines
 
 
+def model_parallel_scenario(work: Path, size: int, reps: int, figures: dict[str, object]) -> list[str]:
+    """meta_llama_to_hf on one Meta Llama of about ``size`` bytes, whole (MP=1) and split over
+    4 consolidated.NN.pth shards (MP=4): what reading a key across files costs."""
+    sys.path.insert(0, str(REPO))
+    from ckptxform.standins.meta_shards import MetaDims, build_meta_model_parallel
+
+    # bf16: 2 layers of ~13.5 dim^2 values + embedding and output of 4 dim^2 each: ~67 dim^2 bytes
+    dim = max(64, int((size / 67) ** 0.5) // 64 * 64)
+    dims = MetaDims(dim=dim, heads=4 if dim < 1024 else 8 if dim < 2048 else 16, kv_heads=None, layers=2, vocab=4 * dim,
+                    multiple_of=64, ffn_dim_multiplier=None)
+    src = {n: build_meta_model_parallel(work / "meta" / f"mp{n}", dims, shards=n, seed=0) for n in (1, 4)}
+    for path in src.values():
+        warm(path)
+    cli = [PY, "-m", "ckptxform", "-q"]
+    contenders: dict[str, Callable[[Path], list[str]]] = {
+        "cp mp4": lambda out: ["cp", "-r", str(src[4]), str(out)],
+        **{f"ckptxform meta MP={n}": (lambda out, n=n: [*cli, "apply", "meta_llama_to_hf", f"--source=model={src[n]}",
+                                                        "--out", str(out)]) for n in (1, 4)},
+    }
+    results = run_contenders(contenders, work, reps)
+    total = sum(f.stat().st_size for f in src[4].glob("*.pth"))
+    figures["model_parallel"] = {"bytes": total, "dim": dim,
+                                 "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+    lines = ["", f"model-parallel: meta_llama_to_hf on a {total / 1e9:.2f} GB Llama (dim {dim}), one file vs 4 "
+             "consolidated.NN.pth shards", "", "| contender | median (s) | best (s) | / cp | peak RSS (MB) |",
+             "|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, results['cp mp4']):.2f} | "
+                     f"{r.peak_mb:.0f} |")
+    return lines
+
+
 def _overwrite_vocab(path: Path, vocab_tensors: list[Tensor]) -> None:
     import struct
     with open(path, "r+b") as f:
@@ -286,6 +318,7 @@ def main() -> None:
     ap.add_argument("--skip-tb", action="store_true", help="skip the 1 TB sparse-verifier scenario")
     ap.add_argument("--skip-structural", action="store_true", help="skip the structural-op scenario")
     ap.add_argument("--skip-quantize", action="store_true", help="skip the bf16 -> FP8 block quantize scenario")
+    ap.add_argument("--skip-mp", action="store_true", help="skip the model-parallel (Meta shards) scenario")
     ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     ap.add_argument("--only", default=None, metavar="NAME,...",
@@ -361,6 +394,8 @@ def main() -> None:
 
             lines, figures["quantize"] = quantize_bench.run(parse_size(args.size), args.reps, work)
             report += ["", *lines]
+        if not args.skip_mp:
+            report += model_parallel_scenario(work, parse_size(args.size), args.reps, figures)
         if not args.skip_tb:
             tb = tb_scenario(work, small=args.small_tb)
             figures["tb"] = tb

@@ -92,6 +92,15 @@ def ref_concat(members: list[torch.Tensor], dim: int) -> torch.Tensor:
     return torch.cat(members, d)
 
 
+def ref_concat_shards(t: torch.Tensor, dim: int, first: bool) -> torch.Tensor:
+    """The pieces of a source tensor in every shard file, concatenated: on a one-file source
+    (the chain test's), the tensor itself; only the first op of a chain reads source tensors."""
+    rank = t.dim()
+    if not first or rank < 1 or not -rank <= dim < rank:
+        raise Invalid("concat_shards: not the first op, or no such dim")
+    return t
+
+
 def ref_split(t: torch.Tensor, dim: int, names: list[str]) -> list[tuple[str, torch.Tensor]]:
     rank = t.dim()
     if rank < 1 or not -rank <= dim < rank or t.shape[dim] % len(names):

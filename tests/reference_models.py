@@ -375,3 +375,69 @@ def gpt2_with_linear_layers(config: Any) -> Any:
         attn.c_proj = torch.nn.Linear(hidden, hidden)
         mlp.c_fc, mlp.c_proj = torch.nn.Linear(hidden, inner), torch.nn.Linear(inner, hidden)
     return model.eval()
+
+
+def transformers_write_model(shards: list[Mapping[str, torch.Tensor]], params: Mapping[str, Any],
+                             llama_version: str = "2") -> dict[str, torch.Tensor]:
+    """The HF tensors transformers' Meta converter makes from ``shards`` (its
+    ``convert_llama_weights_to_hf.py`` ``write_model``, huggingface/transformers at
+    01cc9cd9, with ``num_shards=len(shards)``). Restated, not imported: transformers 5.x
+    wheels no longer ship the script. Only its tensor logic is restated, line for line
+    (views per shard, cat, its ``permute``); tokenizer and config writing are left out."""
+    num_shards = len(shards)
+    params = params.get("model", params)
+    n_layers, n_heads, dim = params["n_layers"], params["n_heads"], params["dim"]
+    n_heads_per_shard = n_heads // num_shards
+    dims_per_head = dim // n_heads
+    if params.get("n_kv_heads", None) is not None:
+        num_key_value_heads = params["n_kv_heads"]
+        num_key_value_heads_per_shard = num_key_value_heads // num_shards
+        key_value_dim = dims_per_head * num_key_value_heads
+    else:
+        num_key_value_heads = n_heads
+        num_key_value_heads_per_shard = n_heads_per_shard
+        key_value_dim = dim
+
+    def permute(w: torch.Tensor, n_heads: int, dim1: int = dim, dim2: int = dim) -> torch.Tensor:
+        return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+    out: dict[str, torch.Tensor] = {}
+    if num_shards == 1:
+        loaded = shards[0]
+        for i in range(n_layers):
+            p, q = f"layers.{i}.", f"model.layers.{i}."
+            out |= {f"{q}self_attn.q_proj.weight": permute(loaded[f"{p}attention.wq.weight"], n_heads=n_heads),
+                    f"{q}self_attn.k_proj.weight": permute(loaded[f"{p}attention.wk.weight"],
+                                                           n_heads=num_key_value_heads, dim1=key_value_dim),
+                    f"{q}self_attn.v_proj.weight": loaded[f"{p}attention.wv.weight"],
+                    f"{q}self_attn.o_proj.weight": loaded[f"{p}attention.wo.weight"],
+                    f"{q}mlp.gate_proj.weight": loaded[f"{p}feed_forward.w1.weight"],
+                    f"{q}mlp.down_proj.weight": loaded[f"{p}feed_forward.w2.weight"],
+                    f"{q}mlp.up_proj.weight": loaded[f"{p}feed_forward.w3.weight"],
+                    f"{q}input_layernorm.weight": loaded[f"{p}attention_norm.weight"],
+                    f"{q}post_attention_layernorm.weight": loaded[f"{p}ffn_norm.weight"]}
+        return out | {"model.embed_tokens.weight": loaded["tok_embeddings.weight"],
+                      "model.norm.weight": loaded["norm.weight"], "lm_head.weight": loaded["output.weight"]}
+    loaded = shards
+    for i in range(n_layers):
+        p, q = f"layers.{i}.", f"model.layers.{i}."
+        out[f"{q}input_layernorm.weight"] = loaded[0][f"{p}attention_norm.weight"].clone()
+        out[f"{q}post_attention_layernorm.weight"] = loaded[0][f"{p}ffn_norm.weight"].clone()
+        out[f"{q}self_attn.q_proj.weight"] = permute(torch.cat(
+            [loaded[s][f"{p}attention.wq.weight"].view(n_heads_per_shard, dims_per_head, dim)
+             for s in range(len(loaded))], dim=0).reshape(dim, dim), n_heads=n_heads)
+        out[f"{q}self_attn.k_proj.weight"] = permute(torch.cat(
+            [loaded[s][f"{p}attention.wk.weight"].view(num_key_value_heads_per_shard, dims_per_head, dim)
+             for s in range(len(loaded))], dim=0).reshape(key_value_dim, dim),
+            num_key_value_heads, key_value_dim, dim)
+        out[f"{q}self_attn.v_proj.weight"] = torch.cat(
+            [loaded[s][f"{p}attention.wv.weight"].view(num_key_value_heads_per_shard, dims_per_head, dim)
+             for s in range(len(loaded))], dim=0).reshape(key_value_dim, dim)
+        out[f"{q}self_attn.o_proj.weight"] = torch.cat([x[f"{p}attention.wo.weight"] for x in loaded], dim=1)
+        out[f"{q}mlp.gate_proj.weight"] = torch.cat([x[f"{p}feed_forward.w1.weight"] for x in loaded], dim=0)
+        out[f"{q}mlp.down_proj.weight"] = torch.cat([x[f"{p}feed_forward.w2.weight"] for x in loaded], dim=1)
+        out[f"{q}mlp.up_proj.weight"] = torch.cat([x[f"{p}feed_forward.w3.weight"] for x in loaded], dim=0)
+    concat_dim = 0 if llama_version in ["3", "3.1"] else 1
+    return out | {"model.norm.weight": loaded[0]["norm.weight"],
+                  "model.embed_tokens.weight": torch.cat([x["tok_embeddings.weight"] for x in loaded], dim=concat_dim),
+                  "lm_head.weight": torch.cat([x["output.weight"] for x in loaded], dim=0)}

@@ -25,6 +25,7 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
                                     "ckptxform rename --no-fsync", "naive headline", "ckptxform headline",
                                     "ckptxform headline --no-fsync", "ckptxform rename --no-fsync --digest sha256",
                                     "ckptxform headline --no-fsync --digest sha256"}
+    assert set(data["model_parallel"]["results"]) == {"cp mp4", "ckptxform meta MP=1", "ckptxform meta MP=4"}
     tb = data["tb"]
     # plan reads headers and the two vocab maps, never the (sparse, 10 GB) verifier's weights
     assert tb["plan_read_bytes"] < 10 * 2**20

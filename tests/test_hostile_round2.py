@@ -47,12 +47,12 @@ def test_one_model_parallel_shard_is_not_taken_for_the_whole_model(case: Case) -
     torch.save(shard, case.root / "mp" / "consolidated.00.pth")
     (case.root / "mp" / "params.json").write_text(json.dumps(whole.params))
     rule = REPO / "rules" / "meta_llama_to_hf.yaml"
-    line = rule.read_text().splitlines().index("config:") + 2  # its first field
+    line = rule.read_text().splitlines().index("  - key: tok_embeddings.weight") + 4  # its concat_shards
     case.fails("apply", "meta_llama_to_hf", "--source", "model=mp/consolidated.00.pth", "--out", "out", code=1,
-               line=f"error: config ({rule}:{line}): hidden_size is 32 but output 'model.embed_tokens.weight' has "
-               "16 columns (shape [64, 16]); the written config must describe the tensors written: fix the rule's "
-               "config section, or convert the whole checkpoint (one model-parallel shard has a fraction of the "
-               "model's dimensions)")
+               line=f"error: tensors[0].ops[0] concat_shards ({rule}:{line}): concat_shards: 'tok_embeddings.weight' "
+               "is 16 along dim 1 in each of its 1 shard file (consolidated.00.pth), 16 in all, but the whole tensor "
+               "has 32 (${config.dim}): the checkpoint has 2 shards, and 'consolidated.01.pth' is missing from mp; "
+               "download it beside the others")
 
 
 @pytest.mark.parametrize(("config", "line"), [

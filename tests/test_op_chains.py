@@ -35,6 +35,7 @@ from op_references import (
     pack_nibbles,
     ref_affine,
     ref_concat,
+    ref_concat_shards,
     ref_deinterleave,
     ref_dequant,
     ref_int4,
@@ -269,7 +270,7 @@ def _draw_op(draw: Any, case: Case) -> None:
     rank, rows = len(shape), (shape[0] if shape else 0)
     wild = draw(st.integers(0, 9)) == 0
     choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows",
-               "permute_rows", "add", "multiply", "divide", "reshape"]
+               "permute_rows", "add", "multiply", "divide", "reshape", "concat_shards"]
     reducible = [v for v in case.free if v != "T"]
     choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat", "interleave", "merge_heads")]
     if "T" in case.free:
@@ -290,13 +291,22 @@ def _draw_op(draw: Any, case: Case) -> None:
 
     if verb in ("stack", "concat", "interleave", "merge_heads") and case.split_names.get(var):
         case.items = None  # a split names its parts by the enumeration in 'to', which P then leaves
-    if verb == "transpose":
+    if verb == "concat_shards":
+        d, first = dim(), not case.ops
+        _apply(case, {"concat_shards": {"dim": d}}, lambda: _map(case, lambda t: ref_concat_shards(t, d, first)))
+    elif verb == "transpose":
         d0, d1 = dim(), dim()
         _apply(case, {"transpose": [d0, d1]}, lambda: _map(case, lambda t: ref_transpose(t, d0, d1)))
     elif verb.startswith("rope"):
         heads = draw(st.sampled_from(rope_fits)) if rope_fits and not wild else draw(st.integers(1, 4))
         inverse = verb == "rope_unpermute"
-        _apply(case, {verb: {"heads": heads}}, lambda: _map(case, lambda t: ref_rope(t, heads, inverse)))
+        if draw(st.booleans()):  # the same permutation named by its head size
+            size = rows // heads if rows % heads == 0 and rows else draw(st.integers(1, 4))
+            _apply(case, {verb: {"head_dim": size}},
+                   lambda: _map(case, lambda t: ref_rope(t, rows_of(t) // size if rows_of(t) % size == 0 else 0,
+                                                         inverse)))
+        else:
+            _apply(case, {verb: {"heads": heads}}, lambda: _map(case, lambda t: ref_rope(t, heads, inverse)))
     elif verb.startswith("qkv"):
         heads, kv = (draw(st.sampled_from(qkv_fits)) if qkv_fits and not wild
                      else (draw(st.integers(1, 4)), draw(st.integers(1, 2))))

@@ -302,7 +302,7 @@ def test_directory_without_weights(tmp_path: Path) -> None:
         open_local(tmp_path)
     assert str(err.value) == (
         f"{tmp_path}: no checkpoint weights found (looked for model.safetensors.index.json, "
-        "model.safetensors, *.safetensors, pytorch_model.bin.index.json, pytorch_model.bin); "
+        "model.safetensors, *.safetensors, pytorch_model.bin.index.json, pytorch_model.bin, consolidated.NN.pth); "
         "give the directory or file that holds the weights"
     )
 
@@ -729,14 +729,26 @@ def test_pytorch_model_bin_directory(tmp_path: Path) -> None:
         assert_matches(ckpt, TENSORS)
         assert ckpt.files == ("pytorch_model.bin",)
         assert {t.file for t in ckpt.tensors.values()} == {"pytorch_model.bin"}
-        assert {t.offset for t in ckpt.tensors.values()} == {-1}
+        # torch's zip stores each storage raw: the tensors are byte ranges of the file
+        blob = (tmp_path / "pytorch_model.bin").read_bytes()
+        for key, info in ckpt.tensors.items():
+            assert blob[info.offset:info.offset + info.nbytes] == tensor_bytes(TENSORS[key]), key
         assert list(ckpt.tensors) == list(TENSORS)  # the state dict's order
-        assert ckpt.local_path("pytorch_model.bin") is None
+        assert ckpt.local_path("pytorch_model.bin") == (tmp_path / "pytorch_model.bin").resolve()
         assert ckpt.config() == CONFIG
         info = ckpt.tensors["lm_head.weight"]
         assert ckpt.read(info, 10, 6) == tensor_bytes(TENSORS["lm_head.weight"])[10:16]
         rows = ckpt.read_rows(info, [7, 2, 3])
         assert rows == {r: tensor_bytes(TENSORS["lm_head.weight"][r]) for r in (2, 3, 7)}
+
+
+def test_a_legacy_pickle_is_read_from_the_loaded_tensors(tmp_path: Path) -> None:
+    """torch's pre-1.6 format (no zip) says no byte range: its tensors are read from the load."""
+    torch.save(TENSORS, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    with open_local(tmp_path) as ckpt:
+        assert_matches(ckpt, TENSORS)
+        assert {t.offset for t in ckpt.tensors.values()} == {-1}
+        assert ckpt.local_path("pytorch_model.bin") is None
 
 
 def test_bin_tensors_that_are_views_read_their_own_bytes(tmp_path: Path) -> None:

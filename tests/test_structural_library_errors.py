@@ -97,22 +97,6 @@ def test_a_qkv_split_that_does_not_add_up_names_both_numbers(run_cli: CLI, tmp_p
     assert f"phi3_to_llama.yaml:{rule_line('phi3_to_llama.yaml', '- split:')}" in line
 
 
-def test_a_params_json_without_the_kv_head_count_is_refused(run_cli: CLI, tmp_path: Path) -> None:
-    """Llama-2-7B's params.json has no n_kv_heads: the k permutation cannot be planned."""
-    tensors = {"tok_embeddings.weight": (16, 8), "norm.weight": (8,), "output.weight": (16, 8),
-               "layers.0.attention.wq.weight": (8, 8), "layers.0.attention.wk.weight": (8, 8),
-               "layers.0.attention.wv.weight": (8, 8), "layers.0.attention.wo.weight": (8, 8),
-               "layers.0.feed_forward.w1.weight": (24, 8), "layers.0.feed_forward.w2.weight": (8, 24),
-               "layers.0.feed_forward.w3.weight": (24, 8), "layers.0.attention_norm.weight": (8,),
-               "layers.0.ffn_norm.weight": (8,)}
-    root = write_checkpoint(tmp_path / "meta", tensors, {
-        "dim": 8, "n_layers": 1, "n_heads": 2, "vocab_size": 16, "norm_eps": 1e-5,
-        "rope_theta": 10000.0}, file_name="consolidated.safetensors", config_name="params.json")
-    line = refused(run_cli, "meta_llama_to_hf.yaml", root / "consolidated.safetensors", tmp_path / "out")
-    assert "n_kv_heads" in line
-    assert "meta_llama_to_hf.yaml:" in line
-
-
 def test_tying_refuses_an_lm_head_that_is_not_the_embedding(run_cli: CLI, tmp_path: Path) -> None:
     tensors = {"model.embed_tokens.weight": (16, 8), "lm_head.weight": (16, 8), "model.norm.weight": (8,)}
     source = write_checkpoint(tmp_path / "untied", tensors, {"tie_word_embeddings": False})

@@ -28,6 +28,7 @@ from .layout import (
 from .quantize import QuantizeFp8Block, QuantizeFp8Channel, QuantizeNvfp4
 from .resize import ResizeRows
 from .rows import PermuteRows
+from .shards import ConcatShards
 from .transpose import Transpose
 from .views import Deinterleave, Interleave, MergeHeads, Reshape, SplitHeads
 
@@ -37,6 +38,7 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     DequantMxfp4(),
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
+    ConcatShards(),
 )}
 
 

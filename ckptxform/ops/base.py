@@ -158,6 +158,18 @@ class Accepts:
         return None
 
 
+@dataclass(frozen=True)
+class Shards:
+    """A source tensor's pieces in a model-parallel checkpoint's shard files: one view per
+    file, in rank order (the tensor itself where the source is one file); ``missing(n)``
+    says which files are missing when the tensor has ``n`` pieces."""
+
+    key: str
+    views: tuple[View, ...]
+    files: tuple[str, ...]
+    missing: Callable[[int], str]
+
+
 class Context(ABC):
     """What an op's shape rule may ask of the planner: integers from expressions, and
     where it is (every error names the rule's FILE:LINE); for ops that read more than their
@@ -226,6 +238,10 @@ class Context(ABC):
     def account(self, rows: RowsOrigin, reason: str) -> None:
         """Where the rows of this output come from (``require.min_rows_from_source`` and the
         audit read it), and the audit's reason for the tensor it permutes."""
+        raise NotImplementedError
+
+    def shards(self, value: View) -> Shards:
+        """``value``, a whole source tensor (the chain's input), as each shard file holds it."""
         raise NotImplementedError
 
 
@@ -326,8 +342,9 @@ class OpDef(ABC):
         raise NotImplementedError(self.verb)
 
     @abstractmethod
-    def inverse(self, args: Any) -> tuple[str, Any]:
-        """``(verb, args)`` of the op undoing this one; raise ``NoInverse`` when there is none."""
+    def inverse(self, args: Any) -> tuple[str, Any] | None:
+        """``(verb, args)`` of the op undoing this one; None when the inverse has nothing to
+        undo (the op drops out of its chain); raise ``NoInverse`` when there is none."""
 
     def kept_reason(self, args: Any, key: str) -> str | None:
         """Why the op passed source tensor ``key`` through unchanged (for its audit record),

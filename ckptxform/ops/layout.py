@@ -217,12 +217,20 @@ class RopePermute(_RowOrder):
     verb = "rope_permute"
     inverse_verb = "rope_unpermute"
     description = ("Meta/Mistral -> HF row order of q or k: view(n, hd//2, 2, in).transpose(1, 2); "
-                   "for k, heads is the kv-head count.")
-    schema = {"type": "object", "additionalProperties": False, "required": ["heads"], "properties": {"heads": _EXPR}}
+                   "give heads (for k: the kv-head count) or head_dim (the same for q and k).")
+    schema = {"type": "object", "additionalProperties": False, "oneOf": [{"required": ["heads"]},
+                                                                         {"required": ["head_dim"]}],
+              "properties": {"heads": _EXPR, "head_dim": _EXPR}}
 
     def map(self, args: Any, ctx: Context, value: View) -> Value:
-        heads = ctx.integer(args["heads"], f"{self.verb}.heads")
         rows = value.shape[0] if value.shape else 0
+        if "head_dim" in args:
+            size = ctx.integer(args["head_dim"], f"{self.verb}.head_dim")
+            if size <= 0 or rows % size:
+                raise ctx.error(f"{self.verb}: {rows} rows are not whole heads of head_dim {size}")
+            heads = rows // size
+        else:
+            heads = ctx.integer(args["heads"], f"{self.verb}.heads")
         if heads <= 0 or rows % heads or (rows // heads) % 2:
             raise ctx.error(f"{self.verb}: {rows} rows do not make {heads} heads of an even head size")
         if not value.nbytes:  # rows of no bytes (a header's claim alone): nothing to reorder or list

@@ -206,7 +206,10 @@ def _invert_key_rule(rule: TensorRule, config_fields: dict[str, str]) -> list[di
     for i, step in enumerate(reversed(rule.ops)):
         index = len(rule.ops) - 1 - i
         try:
-            verb, args = step.op.inverse(step.args)
+            undo = step.op.inverse(step.args)
+            if undo is None:  # nothing to undo on the inverse's side (concat_shards: it writes one file)
+                continue
+            verb, args = undo
             for value in _expressions(args):
                 if any(ref.kind == "shape" for ref in parse_expression(value).refs()):
                     raise NoInverse(f"{value} reads a shape of the forward source, which the inverse does not "

@@ -38,6 +38,14 @@ class TensorInfo:
         return self.nbytes // self.shape[0]
 
 
+@dataclass(frozen=True)
+class ShardInfo(TensorInfo):
+    """Model-parallel shard ``shard``'s piece of tensor ``key`` (of a source whose files
+    each hold a piece of every tensor: ``sources/model_parallel.py``)."""
+
+    shard: int = 0
+
+
 class Checkpoint(ABC):
     """A checkpoint whose headers have been read. Subclasses read bytes on demand."""
 
@@ -71,6 +79,11 @@ class Checkpoint(ABC):
                 key=info.key,
             )
         return length
+
+    def shard_tensors(self, key: str) -> tuple[TensorInfo, ...]:
+        """Tensor ``key`` as each model-parallel shard holds it, in rank order: the tensor
+        itself for a checkpoint that is not split across shard files."""
+        return (self.tensors[key],)
 
     def read_runs(self, info: TensorInfo, runs: Sequence[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(first, count)`` run of adjacent rows of ``info``, in the

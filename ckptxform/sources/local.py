@@ -3,7 +3,8 @@
 ``open_local`` accepts what people have on disk (which files that is: ``local_layout``).
 Safetensors are indexed with two ``os.pread`` calls per file and read by byte range; a
 ``.bin`` is a pickle, so it is loaded (memory-mapped) with ``torch.load(weights_only=True)``,
-which refuses pickled code (``ckptxform.sources.torch_bin``). Every file read is pinned,
+which refuses pickled code, and then read by byte range too where torch's zip format says
+where each tensor is (``ckptxform.sources.torch_bin``). Every file read is pinned,
 so a file replaced or rewritten under the run fails it.
 
 Example::
@@ -43,7 +44,7 @@ CONFIG = "config.json"
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
+def open_local(path: str | Path, *, name: str | None = None) -> Checkpoint:
     """Index the checkpoint at ``path`` from its headers. ``name`` (the source's name in
     the rule file) is set as ``source`` on any error raised.
 
@@ -63,8 +64,8 @@ def open_local(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
 class LocalCheckpoint(Checkpoint):
     """A checkpoint on the local disk; build it with ``open_local``. Safetensors bytes
     are read with ``os.pread`` on one descriptor per file, opened at its first read.
-    A ``.bin`` tensor has no byte offset in its file (``offset == -1``, ``local_path``
-    is None): ``read`` returns its bytes from the memory-mapped tensor."""
+    A ``.bin`` tensor whose byte range is not known (a legacy non-zip pickle, a strided
+    view: ``offset == -1``, ``local_path`` is None) is read from the memory-mapped tensor."""
 
     def __init__(
         self,
@@ -198,8 +199,18 @@ class LocalCheckpoint(Checkpoint):
             return self._descriptors[file]
 
 
-def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
+def _open(path: Path, *, location: str, name: str | None) -> Checkpoint:
     layout = find_layout(path)
+    if layout.model_parallel:
+        from ckptxform.sources.model_parallel import open_model_parallel
+
+        return open_model_parallel(
+            layout.root, layout.files, location=location, name=name,
+            open_file=lambda file: _open_layout(Layout(layout.root, "bin", (file,)), location=location, name=name))
+    return _open_layout(layout, location=location, name=name)
+
+
+def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalCheckpoint:
     for file in layout.files:
         shard = layout.root / file
         if not shard.exists():
@@ -225,10 +236,16 @@ def _open(path: Path, *, location: str, name: str | None) -> LocalCheckpoint:
         bin_tensors: dict[str, dict[str, Any]] = {}
     else:
         pins.update((f, pin_path(layout.root / f)) for f in layout.files)  # before loading
-        from ckptxform.sources.torch_bin import bin_infos, load_torch_file  # ctypes, pickle: for .bin/.pth only
+        # ctypes, pickle: for .bin/.pth only
+        from ckptxform.sources.torch_bin import bin_infos, load_torch_file, stored_offsets
 
-        bin_tensors = {f: load_torch_file(layout.root / f) for f in layout.files}
-        per_file = {f: bin_infos(f, ts) for f, ts in bin_tensors.items()}
+        bin_tensors, per_file = {}, {}
+        for f in layout.files:
+            state = load_torch_file(layout.root / f)
+            offsets = stored_offsets(layout.root / f, state)
+            per_file[f] = bin_infos(f, state, offsets)
+            if offsets is None:  # read from the loaded tensors; else by range, the mapping released
+                bin_tensors[f] = state
         metadata = {}
     if layout.weight_map is not None:
         check_index_matches_shards(

@@ -1,7 +1,7 @@
 """Which files make up a checkpoint on the local disk, decided before a weight file is read:
 a ``.safetensors`` file; a directory holding, in transformers' order, a safetensors shard
-index, ``model.safetensors``, a single other ``*.safetensors``, a ``.bin`` shard index or
-``pytorch_model.bin``; a shard index given by path; a ``.bin``/``.pt``/``.pth`` file. A link
+index, ``model.safetensors``, a single other ``*.safetensors``, a ``.bin`` shard index,
+``pytorch_model.bin`` or Meta's ``consolidated.NN.pth`` model-parallel shards; a shard index given by path; a ``.bin``/``.pt``/``.pth`` file. A link
 that leads out of the checkpoint directory is refused (``check_inside``).
 """
 
@@ -14,6 +14,7 @@ from typing import Literal
 
 from ckptxform.errors import CheckpointFormatError, SourceNotFoundError, quote_keys
 from ckptxform.fileio import read_small_file
+from ckptxform.sources.model_parallel import shard_files
 from ckptxform.sources.pins import FilePin, pin_path
 from ckptxform.sources.safetensors_header import MAX_HEADER_BYTES, parse_index_json
 
@@ -22,7 +23,7 @@ SAFETENSORS_SINGLE = "model.safetensors"
 BIN_INDEX = "pytorch_model.bin.index.json"
 BIN_SINGLE = "pytorch_model.bin"
 _BIN_SUFFIXES = (".bin", ".pt", ".pth")
-_LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE)
+_LOOKED_FOR = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, "*.safetensors", BIN_INDEX, BIN_SINGLE, "consolidated.NN.pth")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Layout:
     index_pin: FilePin | None = None
     #: the files were found by looking into ``root``: refuse links that leave it
     confined: bool = True
+    #: each file holds one rank's piece of every tensor (Meta's consolidated.NN.pth)
+    model_parallel: bool = False
 
 
 def find_layout(path: Path) -> Layout:
@@ -87,6 +90,9 @@ def _directory_layout(directory: Path) -> Layout:
         return _index_layout(directory / BIN_INDEX, "bin")
     if (directory / BIN_SINGLE).exists():
         return Layout(directory, "bin", (BIN_SINGLE,))
+    shards = shard_files(directory)
+    if shards:
+        return Layout(directory, "bin", shards, model_parallel=len(shards) > 1)
     raise SourceNotFoundError(
         f"{directory}: no checkpoint weights found (looked for {', '.join(_LOOKED_FOR)}); "
         "give the directory or file that holds the weights",

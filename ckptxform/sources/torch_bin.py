@@ -1,16 +1,23 @@
 """PyTorch ``.bin`` checkpoints (pickled state dicts), loaded without running pickled code.
 
 ``torch.load(weights_only=True)`` refuses pickled code; what it accepts is then checked to
-be a state dict of dense CPU tensors that safetensors can hold. A pickled tensor has no
-byte range in its file, so its bytes are read from the loaded (memory-mapped) tensor.
+be a state dict of dense CPU tensors that safetensors can hold. The pickle says where no
+tensor's bytes are, but torch's zip format stores each storage raw in an entry of its own,
+which the memory-mapped load maps in file order: ``stored_offsets`` finds each tensor's
+byte range in the file from that (and checks it), so the tensors are read by range like a
+safetensors file's and the mapping is released. Where it cannot (a legacy non-zip file, a
+compressed or big-endian archive, a strided view), bytes are read from the loaded tensor.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import pickle
 import re
+import struct
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -96,18 +103,59 @@ def _check_bin_entry(path: Path, key: Any, value: Any, torch: Any) -> None:
         ) from None
 
 
-def bin_infos(file: str, state: Mapping[str, Any]) -> list[TensorInfo]:
+def bin_infos(file: str, state: Mapping[str, Any], offsets: Mapping[str, int] | None = None) -> list[TensorInfo]:
+    """The tensors of ``file``; ``offsets`` (``stored_offsets``): where each one's bytes are
+    in the file, else -1 (read from the loaded tensor)."""
     return [
-        TensorInfo(
-            key,
-            from_torch_dtype(t.dtype),
-            tuple(t.shape),
-            file,
-            -1,  # a pickled tensor has no byte range in its file
-            t.numel() * t.element_size(),
-        )
+        TensorInfo(key, from_torch_dtype(t.dtype), tuple(t.shape), file,
+                   offsets[key] if offsets is not None else -1, t.numel() * t.element_size())
         for key, t in state.items()
     ]
+
+
+def stored_offsets(path: Path, state: Mapping[str, Any]) -> dict[str, int] | None:
+    """Each tensor's first byte in the zip file ``path`` that ``state`` was memory-mapped
+    from, or None when that cannot be known for every tensor.
+
+    The storages of a memory-mapped load lie in one mapping of the whole file, so each is
+    at (the mapping's address + its entry's data offset): paired in address order with the
+    archive's ``data/`` entries, every pair must agree on that base and on the size."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = [e for e in archive.infolist() if e.filename.rsplit("/", 2)[-2:-1] == ["data"]]
+            order = next((archive.read(e) for e in archive.infolist() if e.filename.endswith("/byteorder")), b"little")
+    except (OSError, zipfile.BadZipFile):
+        return None
+    if order.strip() != b"little" or any(e.compress_type != zipfile.ZIP_STORED for e in entries):
+        return None
+    storages = {}
+    for t in state.values():
+        if not t.is_contiguous():
+            return None
+        storage = t.untyped_storage()
+        if storage.nbytes():
+            storages[storage.data_ptr()] = storage.nbytes()
+    places = sorted((_data_offset(path, e), e.file_size) for e in entries if e.file_size)
+    if len(places) != len(storages):
+        return None
+    bases = {ptr - offset for ptr, (offset, _) in zip(sorted(storages), places)}
+    if len(bases) != 1 or any(storages[ptr] != size for ptr, (_, size) in zip(sorted(storages), places)):
+        return None
+    (base,) = bases
+    return {key: (t.untyped_storage().data_ptr() - base + t.storage_offset() * t.element_size()) if t.numel() else 0
+            for key, t in state.items()}
+
+
+def _data_offset(path: Path, entry: zipfile.ZipInfo) -> int:
+    """Where ``entry``'s bytes begin: after its local header (whose extra field may differ
+    from the central directory's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        header = os.pread(fd, 30, entry.header_offset)
+    finally:
+        os.close(fd)
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    return entry.header_offset + 30 + name_length + extra_length
 
 
 def tensor_bytes(tensor: Any, start: int, length: int) -> bytes:

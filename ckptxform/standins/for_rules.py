@@ -132,8 +132,9 @@ STANDINS: dict[str, RuleStandin] = {
         "a forward written from Meta's reference model: same logits; round trip byte-identical"),
     "meta_llama_to_hf": RuleStandin(
         lambda root: _model(build_meta_consolidated(root / "Mistral-7B-Instruct-v0.3")),
-        "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM", "Llama 2/3 (Meta), mistralai/Mistral-7B",
-        _STRUCTURAL_CHECKS),
+        "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
+        "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
+        _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
     "mixtral_legacy_to_fused": RuleStandin(
         lambda root: _model(build_moe(root / "Mixtral-8x7B-Instruct-v0.1", "mixtral")),
         "Mixtral per-expert w1/w2/w3", "fused gate_up_proj/down_proj (transformers 5.x)",

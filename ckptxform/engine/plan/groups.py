@@ -17,11 +17,12 @@ from typing import Any, Protocol
 
 from ...dtypes import DTYPE_SIZES
 from ...errors import PlanError
-from ...ops.base import Block, Context, IndexNames, Run, Step, Value, View, check_yield
+from ...ops.base import Block, Context, IndexNames, Run, Shards, Step, Value, View, check_yield
 from ...ops.accounts import RowsOrigin
 from ...rules.model import TensorRule
 from ...rules.templates import is_index, natural_key
-from ...sources.base import TensorInfo
+from ...sources.base import ShardInfo, TensorInfo
+from ...sources.model_parallel import missing_shards
 from ...vocab import Alignment, VocabMap
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
 from .references import MISSING, References, get_path
@@ -101,6 +102,9 @@ class _StepContext(Context):
     def account(self, rows: RowsOrigin, reason: str) -> None:
         self._chain.accounts[self._binding] = (rows, reason)
 
+    def shards(self, value: View) -> Shards:
+        return self._chain.shards(value, self, self._step)
+
     def key(self, value: str) -> str:
         assert self._member_key is not None, "key() is for reduce ops"
         return self._member_key(value)
@@ -162,6 +166,26 @@ class _Chain:
         self.space.append(item)
         shape, dtype = (item.shape, item.dtype) if isinstance(item, Block) else (item[1].shape, item[1].dtype)
         return View(shape, dtype, (Run(len(self.space) - 1, 0, prod(shape) * DTYPE_SIZES[dtype]),))
+
+    def shards(self, value: View, ctx: Context, step: Step) -> Shards:
+        """``value`` as each model-parallel shard file holds it: the pieces join ``space``."""
+        run = value.runs[0] if len(value.runs) == 1 else None
+        item = self.space[run.input] if run is not None and 0 <= run.input < self.members else None
+        if (step is not self.rule.ops[0] or item is None or isinstance(item, Block) or run is None or run.start
+                or run.length != item[1].nbytes or value.shape != item[1].shape):
+            raise ctx.error("concat_shards reads a source tensor's pieces in every shard file: it must be the "
+                            "first op of the chain")
+        source, info = item
+        ckpt = self.refs.ckpts[source]
+        pieces = ckpt.shard_tensors(info.key)
+        files = tuple(p.file for p in pieces)
+        root = getattr(ckpt, "root", None)  # local sources: where missing shard files would be
+
+        def missing(count: int) -> str:
+            return missing_shards(files, count, root)
+
+        views = (value,) if len(pieces) == 1 else tuple(self.hold((source, piece)) for piece in pieces)
+        return Shards(info.key, views, files, missing)
 
     def view(self, value: Value, step: Step, ctx: _StepContext, member: str | None = None) -> View:
         """``value`` as an input of ``step``, refused when the op's contract does not take it."""
@@ -287,7 +311,7 @@ class _Chain:
         def program_input(item: Held | Block) -> TensorRef | Block:
             if isinstance(item, Block):
                 return Block(item.op, item.args, tuple(remap(v) for v in item.inputs), item.shape, item.dtype)
-            return TensorRef(item[0], item[1].key)
+            return TensorRef(item[0], item[1].key, item[1].shard if isinstance(item[1], ShardInfo) else None)
 
         inputs = tuple(program_input(self.space[i]) for i in used)
         read = tuple(held[1] for i in used if i < self.members and not isinstance(held := self.space[i], Block))

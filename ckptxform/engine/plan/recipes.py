@@ -56,14 +56,21 @@ class Sources(Protocol):
 
 @dataclass(frozen=True)
 class TensorRef:
+    """``source``'s tensor ``key``; ``shard``: only its piece in that model-parallel shard file."""
+
     source: str
     key: str
+    shard: int | None = None
 
     def info(self, plan: Sources) -> TensorInfo:
-        return plan.checkpoints[self.source].tensors[self.key]
+        ckpt = plan.checkpoints[self.source]
+        return ckpt.tensors[self.key] if self.shard is None else ckpt.shard_tensors(self.key)[self.shard]
 
-    def to_dict(self) -> dict[str, str]:
-        return {"source": self.source, "key": self.key}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"source": self.source, "key": self.key}
+        if self.shard is not None:
+            out["shard"] = self.shard
+        return out
 
 
 class Recipe(ABC):
@@ -291,7 +298,9 @@ class _Chain:
         if self.rows is not None:
             return f"{self.rows.source}:{printable(self.rows.key)} (permuted)"
         first, more = self.inputs[0], len(self.inputs) - 1
-        head = f"{first.source}:{printable(first.key)}" + (f" and {more} more" if more else "")
+        pieces = more and all(ref.shard is not None and ref.key == first.key for ref in self.inputs)
+        head = f"{first.source}:{printable(first.key)}" + (
+            f" ({more + 1} shards)" if pieces else f" and {more} more" if more else "")
         return head + (f" ({'; '.join(self.steps)})" if self.steps else "")
 
     def row_account(self) -> RowAccount | None:

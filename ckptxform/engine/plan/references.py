@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import PlanError
+from ...ops.base import Context
+from ...ops.shards import split_dim
 from ...rules.expr import ExpressionError, Ref, parse_expression
 from ...rules.model import RuleSet
 from ...rules.templates import parse_template
@@ -21,6 +23,8 @@ from ...sources.resolve import hub_location
 from ...vocab import VocabMap
 
 MISSING = object()
+#: the keys whose whole shape is being worked out (concat_shards arguments reading their own)
+_WHOLE_SHAPES_BEING_READ: set[str] = set()
 
 
 class _AbsentField(PlanError):
@@ -94,9 +98,33 @@ class References:
         info = ckpt.tensors.get(key)
         if info is None:
             raise PlanError(f"{where}: {text}: source {source!r} ({ckpt.location}) has no tensor {key!r}", key=key)
-        if ref.dim >= len(info.shape):
-            raise PlanError(f"{where}: {text}: {key!r} has shape {list(info.shape)}, no dim {ref.dim}", key=key)
-        return info.shape[ref.dim]
+        shape = self._whole_shape(ckpt, key, info.shape)
+        if ref.dim >= len(shape):
+            raise PlanError(f"{where}: {text}: {key!r} has shape {list(shape)}, no dim {ref.dim}", key=key)
+        return shape[ref.dim]
+
+    def _whole_shape(self, ckpt: Checkpoint, key: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of tensor ``key`` of the converted source: on a model-parallel source, of
+        its pieces concatenated as the rule reading it concatenates them (concat_shards)."""
+        count = len(ckpt.shard_tensors(key))
+        rule = next((r for r in self.rules.tensors if r.pattern.fullmatch(key)), None)
+        if count == 1 or rule is None or not rule.ops or rule.ops[0].verb != "concat_shards":
+            return shape
+        step = rule.ops[0]
+        assert self.rules.convert is not None
+        source = self.rules.convert
+        own = References(self.rules, self.ckpts, self.vocab, ckpt.config(self.rules.sources[source].config_file),
+                         f"the {self.rules.sources[source].config_file} of source {source!r} ({ckpt.location})")
+        ctx = _OpContext(f"tensors[{rule.index}].ops[0] concat_shards ({step.where.short})", own)
+        if key in _WHOLE_SHAPES_BEING_READ:
+            raise ctx.error(f"its arguments read the shape of {key!r}, the tensor it makes; write them from the "
+                            "config", key=key)
+        _WHOLE_SHAPES_BEING_READ.add(key)
+        try:
+            dim, _ = split_dim(step.args, ctx.integer, shape, count, ctx)
+        finally:
+            _WHOLE_SHAPES_BEING_READ.discard(key)
+        return (*shape[:dim], shape[dim] * count, *shape[dim + 1:])
 
     def _source_config(self, name: str, path: str, where: str, text: str) -> Any:
         """A field of source ``name``'s config file (the planner opened the source)."""
@@ -128,3 +156,13 @@ def get_path(obj: dict[str, Any], path: str) -> Any:
             return MISSING
         cur = cur[part]
     return cur
+
+
+class _OpContext(Context):
+    """An op's arguments resolved outside its chain (a shape a config expression reads)."""
+
+    def __init__(self, label: str, refs: References) -> None:
+        self.label, self._refs = label, refs
+
+    def integer(self, value: Any, what: str) -> int:
+        return self._refs.integer(value, f"{self.label}: {what}")
