@@ -15,6 +15,7 @@ from .affine import Add, Divide, Multiply
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
 from .dequant_mxfp4 import DequantMxfp4
+from .dequant_scaled import DequantScaled
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -35,6 +36,7 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
+    DequantScaled(),
 )}
 
 
