@@ -129,8 +129,20 @@ def _gpt_oss_mxfp4(root: Path) -> Scenario:
     return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
 
 
+def _scaled_llama(scheme: str) -> Callable[[Path], Scenario]:
+    def build(root: Path) -> Scenario:
+        from ckptxform.standins.scaled import build_scaled_llama
+
+        model = build_scaled_llama(root / f"Llama-{scheme}", scheme, seed=14)  # type: ignore[arg-type]
+        return Scenario({"model": str(model)}, frozenset(read_output(model)), "model")
+    return build
+
+
+_FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
+
 #: rules that convert a verifier (dequantize it), not a drafter: no drafter config to write
-VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml")
+VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
+                  "nvfp4_to_bf16.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -143,6 +155,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "fp8_block_to_bf16.yaml": _kimi_k2_fp8,
     "compressed_int4_to_bf16.yaml": _kimi_k25_int4,
     "mxfp4_to_bf16.yaml": _gpt_oss_mxfp4,
+    "fp8_to_bf16.yaml": _FP8_SCALED,
+    "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
 }
 
 

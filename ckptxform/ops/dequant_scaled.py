@@ -57,7 +57,7 @@ class DequantScaled(_Dequant):
         module = ctx.key("weight").removesuffix(".weight")
         stored = sorted(set(names) - _DROPPED)
         if not stored:
-            key = ctx.key(sorted(names)[0])
+            key = ctx.key(min(names))
             raise ctx.error(f"orphan scale: {key!r} has no weight {ctx.key('weight')!r}; drop it with a skip rule "
                             "if that is intended", key=key)
         config = self._config(ctx, GroupSchemes.parse)
@@ -93,9 +93,10 @@ class DequantScaled(_Dequant):
         for part in parts:
             if part not in names:
                 kind = ("missing global scale" if part in ("weight_global_scale", "weight_scale_2") else
-                        "missing scale" if part == "weight_scale" else "orphan scale")
-                raise ctx.error(f"{kind}: {ctx.key(part)!r} is missing beside {ctx.key(sorted(names)[0])!r} "
-                                f"({what} needs {', '.join(parts)})", key=ctx.key(part))
+                        "missing scale" if part == "weight_scale" else "incomplete module")
+                raise ctx.error(f"{kind}: {ctx.key(part)!r} is missing beside {ctx.key(min(names))!r} "
+                                f"({what} needs {', '.join(parts)}; the rule's key must enumerate them all)",
+                                key=ctx.key(part))
 
     def _fp8(self, args: Any, ctx: Context, names: dict[str, View], scheme: WeightScheme,
              group: SchemeGroup) -> Block:
