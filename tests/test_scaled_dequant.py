@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, assert_clean_failure, error_lines, read_output, same_bits
+from op_references import e2m1_values, ref_scaled
 from safetensors.torch import load_file, save_file
 
 from ckptxform import api
@@ -35,37 +36,10 @@ NVFP4_RULE = REPO / "rules" / "nvfp4_to_bf16.yaml"
 #: other widths: GQA 5:1 and 3:3 (no GQA), columns odd multiples of 16
 DIMS = [LmDims(hidden=80, heads=5, kv_heads=1, intermediate=144, layers=2, vocab=96),
         LmDims(hidden=48, heads=3, kv_heads=3, intermediate=112, layers=3, vocab=64)]
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
 def rule_for(scheme: str) -> Path:
     return FP8_RULE if scheme.startswith("fp8") else NVFP4_RULE
-
-
-def e2m1_values(packed: torch.Tensor, signed_zero: bool) -> torch.Tensor:
-    """float32 [rows, 2 * bytes] of packed codes, low nibble first."""
-    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2).long()
-    magnitude = torch.tensor(_E2M1)[codes & 7]
-    negative = (codes & 8).bool()
-    if signed_zero:  # -1.0 * 0.0 is -0.0, as compressed-tensors' unpack computes it
-        return magnitude * torch.where(negative, -1.0, 1.0)
-    return torch.where(negative, -magnitude, magnitude) + 0.0  # ModelOpt's table: code 8 is +0.0
-
-
-def expected(source: dict[str, torch.Tensor], module: str) -> torch.Tensor:
-    """The bf16 weight of a quantized ``module``, from its stored parts."""
-    scale = source[f"{module}.weight_scale"]
-    if f"{module}.weight_packed" in source:
-        per_group = scale.float() / source[f"{module}.weight_global_scale"]
-        values = e2m1_values(source[f"{module}.weight_packed"], signed_zero=True)
-    elif f"{module}.weight_scale_2" in source:
-        per_group = scale.float() * source[f"{module}.weight_scale_2"]
-        values = e2m1_values(source[f"{module}.weight"], signed_zero=False)
-    else:
-        weight = source[f"{module}.weight"]
-        return (weight.to(scale.dtype) * scale).to(torch.bfloat16)
-    rows, cols = values.shape
-    return (values.view(rows, cols // 16, 16) * per_group[:, :, None]).view(rows, cols).to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("scheme", SCALED_SCHEMES)
@@ -83,7 +57,8 @@ def test_rule_output_is_the_libraries_dequantization(tmp_path: Path, scheme: str
     for key, value in got.items():
         module = key.removesuffix(".weight")
         if module in modules:
-            want = expected(source, module)
+            want = ref_scaled({k.removeprefix(module + '.'): v for k, v in source.items()
+                               if k.startswith(module + '.')})
             assert value.dtype == torch.bfloat16 and same_bits(value, want), key
             negative_zeros += int((value.view(torch.int16) == -32768).sum())
         else:

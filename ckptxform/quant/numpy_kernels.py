@@ -83,7 +83,8 @@ def fp4_values(packed: Buffer, layout: Fp4Groups, rows: int) -> np.ndarray:
     """float32 ``[rows, cols]`` values of packed e2m1 codes: one lookup per byte in a table
     of the 256 bytes' value pairs (3x faster than splitting nibbles, then a 16-entry lookup)."""
     pairs = _e2m1_pairs(layout.signed_zero)
-    return pairs.take(np.frombuffer(packed, dtype=np.uint8)).view(np.float32).reshape(rows, layout.cols)
+    # indexing, not ``take``: take converts the uint8 indices 10x slower than the lookup
+    return pairs[np.frombuffer(packed, dtype=np.uint8)].view(np.float32).reshape(rows, layout.cols)
 
 
 def _e2m1_pairs(signed_zero: bool) -> np.ndarray:

@@ -30,7 +30,7 @@ from ckptxform.standins.tensors import save_safetensors, write_json
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["SCALED_SCHEMES", "SCALED_TINY", "build_scaled_llama", "e2m1_codes"]
+__all__ = ["SCALED_SCHEMES", "SCALED_TINY", "build_scaled_llama", "e2m1_codes", "scaled_quantization_config"]
 
 Scheme = Literal["fp8-tensor", "fp8-channel", "nvfp4", "nvfp4-modelopt", "mixed"]
 SCALED_SCHEMES: tuple[Scheme, ...] = ("fp8-tensor", "fp8-channel", "nvfp4", "nvfp4-modelopt", "mixed")
@@ -61,7 +61,7 @@ def build_scaled_llama(out_dir: str | Path, scheme: Scheme, dims: LmDims = SCALE
             quantized.update({f"{module}.{part}": v for part, v in _QUANTIZERS[kind](value.astype(np.float32)).items()})
     save_safetensors(quantized, out / "model.safetensors")
     config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = _config(scheme)
+    config["quantization_config"] = scaled_quantization_config(scheme)
     write_json(out / "config.json", config)
     return out
 
@@ -160,7 +160,8 @@ def _nvfp4_group(targets: list[str]) -> dict[str, Any]:
                         "strategy": "tensor_group", "scale_dtype": "torch.float8_e4m3fn"}}
 
 
-def _config(scheme: Scheme) -> dict[str, Any]:
+def scaled_quantization_config(scheme: Scheme) -> dict[str, Any]:
+    """The ``quantization_config`` llm-compressor (or ModelOpt's export) writes for ``scheme``."""
     if scheme == "nvfp4-modelopt":
         weights = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
         return {"config_groups": {"group_0": {"input_activations": weights, "weights": weights, "targets": ["Linear"]}},
