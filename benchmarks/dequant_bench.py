@@ -140,6 +140,7 @@ def build_nvfp4_source(root: Path, quantized_bytes: int, *, widen: int = 1) -> P
     about ``quantized_bytes`` of codes, in 4 shards (``widen``: rows of each module x that)."""
     import numpy as np
 
+    from ckptxform.dtypes import numpy_dtype
     from ckptxform.standins.scaled import scaled_quantization_config
     from ckptxform.standins.tensors import save_safetensors, write_json
 
@@ -159,7 +160,7 @@ def build_nvfp4_source(root: Path, quantized_bytes: int, *, widen: int = 1) -> P
     weight_map = {}
     for i, tensors in enumerate(shards):
         name = f"model-{i + 1:05d}-of-00004.safetensors"
-        raw = {k: v.view(np.dtype("float8_e4m3fn")) if k.endswith(".weight_scale") else v for k, v in tensors.items()}
+        raw = {k: v.view(numpy_dtype("F8_E4M3")) if k.endswith(".weight_scale") else v for k, v in tensors.items()}
         save_safetensors(raw, root / name)
         weight_map.update({k: name for k in tensors})
     write_json(root / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})

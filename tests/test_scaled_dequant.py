@@ -28,6 +28,7 @@ from op_references import e2m1_values, ref_scaled
 from safetensors.torch import load_file, save_file
 
 from ckptxform import api
+from ckptxform.errors import PlanError
 from ckptxform.standins.hf_models import LmDims
 from ckptxform.standins.scaled import SCALED_SCHEMES, build_scaled_llama
 
@@ -191,4 +192,32 @@ def test_the_fp8_rule_refuses_nvfp4_modules(tmp_path: Path, sources: dict[str, P
                          "'model.layers.0.mlp.down_proj.weight_scale' (compressed-tensors NVFP4 "
                          "(quantization_config.config_groups.mlp) needs weight_packed, weight_scale, "
                          "weight_global_scale; the rule's key must enumerate them all)"), line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scheme, key", [("fp8-channel", "weight"), ("nvfp4", "weight_packed"),
+                                         ("nvfp4-modelopt", "weight")])
+def test_a_cast_of_the_stored_codes_is_refused_naming_dequant_scaled(tmp_path: Path, scheme: str, key: str) -> None:
+    src = build_scaled_llama(tmp_path / "src", scheme, seed=6)
+    rule = tmp_path / "cast.yaml"
+    rule.write_text("version: 1\nsources: {model: {path: x}}\nconvert: model\ntensors:\n"
+                    "  - match: '.+'\n    cast: bfloat16\n")
+    with pytest.raises(PlanError) as err:
+        api.plan(rule, sources={"model": str(src)}).close()
+    message = str(err.value)
+    assert f"'model.layers.0.mlp.down_proj.{key}' would drop its scale" in message
+    assert "dequantize it with dequant_scaled" in message
+
+
+def test_a_nan_scale_is_refused_naming_the_element(tmp_path: Path, sources: dict[str, Path], run_cli: Any) -> None:
+    key = "model.layers.1.mlp.up_proj.weight_scale"
+    scale = load_file(str(sources["nvfp4-modelopt"] / "model.safetensors"))[key].clone()
+    scale.view(torch.uint8)[3, 2] = 0x7F  # e4m3 NaN: the 16 values of group 2 of row 3
+    src = edited(sources["nvfp4-modelopt"], tmp_path / "src", replace={key: scale})
+    proc = run_cli("apply", str(NVFP4_RULE), "--source", f"model={src}", "--out", str(tmp_path / "out"))
+    assert_clean_failure(proc, 1)
+    (line,) = error_lines(proc.stderr)
+    assert line.endswith("'model.layers.1.mlp.up_proj.weight' dequantized gives nan at [3, 32], a non-finite value "
+                         "from a NaN or inf scale or a NaN byte of the source; fix the source, or add "
+                         "allow_nonfinite: true to the op to write such values"), line
     assert not (tmp_path / "out").exists()
