@@ -1,4 +1,4 @@
-"""Dequantization benchmark: FP8 block-scaled and int4 pack-quantized checkpoints to bf16.
+"""Dequantization benchmark: FP8 block-scaled, int4 pack-quantized and NVFP4 checkpoints to bf16.
 
     python benchmarks/dequant_bench.py                        # >= 2 GB of FP8 and of int4 weights, 3 reps
     python benchmarks/dequant_bench.py --size 200MB --reps 1  # a quick run
@@ -7,7 +7,10 @@
 Sources are the Kimi-K2 stand-ins at the real widths (hidden 7168, FP8 block 128, int4
 group 32; ``kv_a_proj_with_mqa`` [576, 7168] with its partial edge block), with enough
 routed experts that the quantized weights alone reach ``--size``; 4 shards, so that a
-shard is as large as a few of the largest tensors (the real ones are ~16 GB).
+shard is as large as a few of the largest tensors (the real ones are ~16 GB). NVFP4
+(``--formats nvfp4``): compressed-tensors ``nvfp4-pack-quantized`` modules of random codes
+and e4m3 scales at the real widths ([18432, 7168] and its transpose, Kimi-K2's dense MLP),
+4 shards, through ``rules/nvfp4_to_bf16.yaml``.
 
 Contenders, each in its own process, alternating, from a warm page cache:
 - ``cp -r`` of the bf16 output (the copy floor: reading and writing as many bytes as the
@@ -18,7 +21,7 @@ Contenders, each in its own process, alternating, from a warm page cache:
   with and without ``--no-fsync``.
 Throughput is GB/s of output (bf16 bytes written) per wall second; peak RSS from GNU time.
 Last, ``ckptxform apply`` runs on two FP8 sources whose largest tensor differs 4x
-(264 MB and 1 GB of bf16): its peak RSS must not follow.
+(264 MB and 1 GB of bf16), and on two NVFP4 ones alike: its peak RSS must not follow.
 
 ``--kernels`` times the block kernels alone instead (one thread, a [512, 7168] block of
 the real widths, best of 8, alternating): the torch backend against the numpy one (the
@@ -47,7 +50,7 @@ import mxfp4_source  # noqa: E402
 REPO = HERE.parent
 PY = sys.executable
 RULES = {"fp8": REPO / "rules" / "fp8_block_to_bf16.yaml", "int4": REPO / "rules" / "compressed_int4_to_bf16.yaml",
-         "mxfp4": REPO / "rules" / "mxfp4_to_bf16.yaml"}
+         "mxfp4": REPO / "rules" / "mxfp4_to_bf16.yaml", "nvfp4": REPO / "rules" / "nvfp4_to_bf16.yaml"}
 NAIVE = {"mxfp4": mxfp4_source.NAIVE_MXFP4}
 
 # Shared by both naive scripts: walk the shards, fetch a scale from another shard when
@@ -111,6 +114,59 @@ def dequantize(key, value, loaded):
     return module + ".weight", q.to(torch.bfloat16) * scale.repeat_interleave(group, 1)
 """
 
+NAIVE_NVFP4 = r"""
+pairs = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+def dequantize(key, value, loaded):
+    if key.endswith(("weight_scale", "weight_global_scale")):
+        return None
+    if not key.endswith("weight_packed"):
+        return key, value
+    module = key.removesuffix(".weight_packed")
+    codes = torch.stack((value & 0xF, value >> 4), dim=-1).flatten(-2).long()
+    values = pairs[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    scale = tensor(module + ".weight_scale", loaded).float() / tensor(module + ".weight_global_scale", loaded)
+    rows, cols = values.shape
+    return module + ".weight", (values.view(rows, -1, 16) * scale[:, :, None]).view(rows, cols).to(torch.bfloat16)
+"""
+
+NAIVE["nvfp4"] = NAIVE_NVFP4
+
+#: the NVFP4 modules' shape: Kimi-K2's dense MLP width (and its transpose)
+NVFP4_ROWS, NVFP4_COLS = 18432, 7168
+
+
+def build_nvfp4_source(root: Path, quantized_bytes: int, *, widen: int = 1) -> Path:
+    """compressed-tensors nvfp4-pack-quantized modules of random codes and e4m3 scales,
+    about ``quantized_bytes`` of codes, in 4 shards (``widen``: rows of each module x that)."""
+    import numpy as np
+
+    from ckptxform.dtypes import numpy_dtype
+    from ckptxform.standins.scaled import scaled_quantization_config
+    from ckptxform.standins.tensors import save_safetensors, write_json
+
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    shapes = [(NVFP4_ROWS * widen, NVFP4_COLS), (NVFP4_COLS * widen, NVFP4_ROWS)]
+    per_module = sum(r * c // 2 for r, c in shapes) // 2
+    modules = max(2, -(-quantized_bytes // per_module))
+    shards: list[dict[str, np.ndarray]] = [{} for _ in range(4)]
+    for m in range(modules):
+        rows, cols = shapes[m % 2]
+        x = f"model.layers.{m}.mlp.{'up' if m % 2 == 0 else 'down'}_proj"
+        shard = shards[m * 4 // modules]
+        shard[x + ".weight_packed"] = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+        shard[x + ".weight_scale"] = rng.integers(0x08, 0x78, (rows, cols // 16), dtype=np.uint8)  # finite e4m3
+        shard[x + ".weight_global_scale"] = np.array([2688.0], dtype=np.float32)
+    weight_map = {}
+    for i, tensors in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-00004.safetensors"
+        raw = {k: v.view(numpy_dtype("F8_E4M3")) if k.endswith(".weight_scale") else v for k, v in tensors.items()}
+        save_safetensors(raw, root / name)
+        weight_map.update({k: name for k in tensors})
+    write_json(root / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    write_json(root / "config.json", {"model_type": "llama", "quantization_config": scaled_quantization_config("nvfp4")})
+    return root
+
 
 def build_source(root: Path, fmt: str, quantized_bytes: int) -> Path:
     """A Kimi-K2 stand-in at the real widths with about ``quantized_bytes`` of FP8 or
@@ -120,6 +176,8 @@ def build_source(root: Path, fmt: str, quantized_bytes: int) -> Path:
     if fmt == "mxfp4":
         return mxfp4_source.build_for_size(root / "gpt-oss", quantized_bytes)
 
+    if fmt == "nvfp4":
+        return build_nvfp4_source(root / "nvfp4", quantized_bytes)
     expert = 3 * KIMI_K2_TEXT.hidden * KIMI_K2_TEXT.moe_intermediate  # gate, up, down
     per_expert = expert if fmt == "fp8" else expert // 2
     dense = 0
@@ -147,6 +205,19 @@ def rss_probe(work: Path) -> list[str]:
                              "--out", str(out), "--no-fsync"])
         largest = dims.intermediate * dims.hidden * 2
         lines.append(f"| [{dims.intermediate}, {dims.hidden}] = {largest / 1e6:,.0f} MB | {wall:.2f} | {rss / 1024:.0f} |")
+        shutil.rmtree(out)
+        shutil.rmtree(src)
+    lines += ["", "## peak RSS against tensor size (NVFP4, two modules, --no-fsync)", "",
+              "| largest tensor (bf16 out) | wall (s) | peak RSS (MB) |", "|---|---|---|"]
+    for widen in (1, 4):
+        src = build_nvfp4_source(work / f"nvfp4-x{widen}", 0, widen=widen)
+        warm(src)
+        out = work / "rss-out"
+        wall, rss = measure([PY, "-m", "ckptxform", "-q", "apply", str(RULES["nvfp4"]), f"--source=model={src}",
+                             "--out", str(out), "--no-fsync"])
+        rows = NVFP4_ROWS * widen
+        lines.append(f"| [{rows}, {NVFP4_COLS}] = {rows * NVFP4_COLS * 2 / 1e6:,.0f} MB | {wall:.2f} | "
+                     f"{rss / 1024:.0f} |")
         shutil.rmtree(out)
         shutil.rmtree(src)
     return [*lines, ""]
@@ -195,7 +266,15 @@ def kernel_figures(reps: int = 8) -> list[str]:
     import numpy as np
 
     from ckptxform.quant import kernels, numpy_kernels, torch_kernels
-    from ckptxform.quant.kernels import Fp8Block, Int4Groups, dequant_fp8_rows, dequant_int4_rows
+    from ckptxform.quant.kernels import (
+        Fp4Groups,
+        Fp8Block,
+        Int4Groups,
+        dequant_fp4_rows,
+        dequant_fp8_rows,
+        dequant_int4_rows,
+        nvfp4_scales,
+    )
 
     rows, cols, rng = 512, 7168, np.random.default_rng(0)
     w = rng.integers(0, 256, rows * cols, dtype=np.uint8)
@@ -205,7 +284,11 @@ def kernel_figures(reps: int = 8) -> list[str]:
     packed = rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32).tobytes()
     f32_scale = rng.random((rows, cols // 32), dtype=np.float32)
     bf16_scale = (f32_scale.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # truncated: any bf16 will do
+    fp4 = w[: rows * cols // 2].tobytes()
+    fp4_scale = nvfp4_scales(rng.integers(0x08, 0x78, rows * cols // 16, dtype=np.uint8).tobytes(), 2688.0,
+                             divide=True)
     cases = {
+        "NVFP4 (group scales given)": lambda: dequant_fp4_rows(fp4, fp4_scale, Fp4Groups(cols, 16)),
         "FP8 block 128": lambda: dequant_fp8_rows(weight, fp8_scale, Fp8Block(cols, 128, 128)),
         "int4 group 32, BF16 scale": lambda: dequant_int4_rows(packed, bf16_scale, Int4Groups(cols, 32, "BF16")),
         "int4 group 32, F32 scale": lambda: dequant_int4_rows(packed, f32_scale.tobytes(), Int4Groups(cols, 32, "F32")),

@@ -323,3 +323,29 @@ def ref_quantize_nvfp4(t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     codes = codes | ((q < 0).to(torch.uint8) << 3)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     return [("weight_packed", packed.contiguous()), ("weight_scale", scale), ("weight_global_scale", glob)]
+def e2m1_values(packed: torch.Tensor, signed_zero: bool) -> torch.Tensor:
+    """float32 [rows, 2 * bytes] of packed e2m1 codes, low nibble first. ``signed_zero``:
+    code 8 is -0.0 (compressed-tensors' unpack computes -1.0 * 0.0); else +0.0 (ModelOpt's table)."""
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2).long()
+    magnitude = torch.tensor(E2M1[:8])[codes & 7]
+    negative = (codes & 8).bool()
+    if signed_zero:
+        return magnitude * torch.where(negative, -1.0, 1.0)
+    return torch.where(negative, -magnitude, magnitude) + 0.0  # -0.0 + 0.0 is +0.0
+
+
+def ref_scaled(members: dict[str, torch.Tensor], dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """compressed-tensors' decompress of FP8 (weight in the scale's dtype times the scale) and
+    NVFP4 (codes times scale / global scale in float32), ModelOpt's NVFP4QTensor.dequantize
+    (codes times scale * weight_scale_2); then ``dtype``."""
+    scale = members["weight_scale"]
+    if "weight_packed" in members:
+        per_group = scale.float() / members["weight_global_scale"]
+        values = e2m1_values(members["weight_packed"], signed_zero=True)
+    elif "weight_scale_2" in members:
+        per_group = scale.float() * members["weight_scale_2"]
+        values = e2m1_values(members["weight"], signed_zero=False)
+    else:
+        return (members["weight"].to(scale.dtype) * scale).to(dtype)
+    rows, cols = values.shape
+    return (values.view(rows, cols // 16, 16) * per_group[:, :, None]).view(rows, cols).to(dtype)

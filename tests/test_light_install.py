@@ -164,7 +164,7 @@ def test_what_needs_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("rule", ["aqmedai_k2_to_k25", "compressed_int4_to_bf16"])
+@pytest.mark.parametrize("rule", ["aqmedai_k2_to_k25", "compressed_int4_to_bf16", "fp8_to_bf16", "nvfp4_to_bf16"])
 def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
     done = ckptxform("demo", rule, "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr

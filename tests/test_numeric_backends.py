@@ -105,3 +105,51 @@ def test_int4_backends_give_the_same_bytes(scale_dtype: str, out_dtype: str, asy
         monkeypatch.setattr(kernels, "backend", lambda m=module: m)
         outs.append(bytes(dequant_int4_rows(packed, scale_raw, layout, zero_point=zp, out_dtype=out_dtype)))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("out_dtype", ["BF16", "F16", "F32"])
+@pytest.mark.parametrize("signed_zero", [True, False])
+@pytest.mark.parametrize(("rows", "cols"), [(37, 16), (64, 208)])
+def test_fp4_backends_give_the_same_bytes(rows: int, cols: int, signed_zero: bool, out_dtype: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every byte (so every e2m1 code pair, -0 included) times scales that include NaN, inf,
+    -0, subnormals and values that overflow the output; and against torch as the reference."""
+    rng = np.random.default_rng(rows + cols)
+    packed = rng.integers(0, 256, rows * cols // 2, dtype=np.uint8).tobytes()
+    e4m3 = rng.integers(0, 256, rows * cols // 16, dtype=np.uint8)
+    e4m3[:4] = [0x7F, 0x80, 0x01, 0x7E]  # NaN, -0, the smallest subnormal, 448
+    global_scale = float(rng.uniform(1e-3, 1e4))
+    scale = kernels.nvfp4_scales(e4m3.tobytes(), global_scale, divide=signed_zero)
+    scale_f32 = np.frombuffer(scale, dtype=np.float32).copy()
+    scale_f32[4:6] = [np.inf, 1e38]
+    layout = kernels.Fp4Groups(cols=cols, group_size=16, signed_zero=signed_zero)
+    outs = []
+    for module in (numpy_kernels, torch_kernels):
+        monkeypatch.setattr(kernels, "backend", lambda m=module: m)
+        outs.append(bytes(kernels.dequant_fp4_rows(packed, scale_f32.tobytes(), layout, out_dtype=out_dtype)))
+    assert outs[0] == outs[1]
+    raw = torch.frombuffer(bytearray(packed), dtype=torch.uint8).view(rows, cols // 2)
+    codes = torch.stack((raw & 0xF, raw >> 4), dim=-1).flatten(-2).long()
+    table = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    values = torch.where(codes >= 8, -table[codes & 7], table[codes & 7])
+    if not signed_zero:
+        values = values + 0.0  # -0.0 + 0.0 is +0.0: ModelOpt's table
+    s = torch.from_numpy(scale_f32).view(rows, cols // 16).repeat_interleave(16, dim=1)
+    ref = (values * s).to(torch_dtype(out_dtype))
+    got = torch.frombuffer(bytearray(outs[0]), dtype=torch_dtype(out_dtype)).view(rows, cols)
+    nan = ref.float().isnan()
+    assert torch.equal(got.float().isnan(), nan)
+    assert bytes(got[~nan].view(torch.uint8).numpy()) == bytes(ref[~nan].view(torch.uint8).numpy())
+
+
+def test_nvfp4_group_scales_are_the_libraries() -> None:
+    """compressed-tensors divides the e4m3 scale by its reciprocal global scale, ModelOpt
+    multiplies by weight_scale_2, both in float32 (torch as the reference)."""
+    e4m3 = np.arange(256, dtype=np.uint8)
+    s = torch.from_numpy(e4m3.copy()).view(torch.float8_e4m3fn).float()
+    for g in (35840.0, 1.0 / 3.0, 2.0 ** -20):
+        g32 = torch.tensor([g], dtype=torch.float32)
+        for divide, want in ((True, s / g32), (False, s * g32)):
+            got = torch.frombuffer(bytearray(kernels.nvfp4_scales(e4m3.tobytes(), float(g32), divide=divide)),
+                                   dtype=torch.float32)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~want.isnan()], want[~want.isnan()])

@@ -49,6 +49,7 @@ from op_references import (
     ref_reshape,
     ref_resize,
     ref_rope,
+    ref_scaled,
     ref_split,
     ref_split_heads,
     ref_stack,
@@ -134,7 +135,7 @@ def _split(case: Case, var: str, fn: Callable[[torch.Tensor], list[tuple[str, to
 
 
 @st.composite
-def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4")) -> Case:
+def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4", "scaled")) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
@@ -145,6 +146,8 @@ def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4"))
         case = _int4_case(draw, gen, experts)
     elif kind == "mxfp4":
         case = _mxfp4_case(draw, gen, experts)
+    elif kind == "scaled":
+        case = _scaled_case(draw, gen, experts)
     elif fp8:
         rows, cols = draw(st.integers(1, 12)), draw(st.integers(1, 12))
         block = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
@@ -184,6 +187,10 @@ def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4"))
     if kind == "mxfp4":  # its members are uint8: no op before it would keep them MXFP4
         _apply(case, {"dequant_mxfp4": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_mxfp4(dict(zip(names, ms)))))
+        case.free.remove("T")
+    if kind == "scaled":  # dequant_scaled first too: it reads the global scale when it runs
+        _apply(case, {"dequant_scaled": {"over": "T"}}, lambda: _reduce(
+            case, "T", lambda ms, names: ref_scaled(dict(zip(names, ms)))))
         case.free.remove("T")
     for _ in range(draw(st.integers(1, 4))):
         _draw_op(draw, case)
@@ -246,6 +253,42 @@ def _mxfp4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
         tensors[f"x.{e}.scales"] = torch.randint(100, 150, (*lead, groups), generator=gen, dtype=torch.uint8)
     return Case(tensors, "x.{E}.{T:blocks,scales}", None, free=["E", "T"],
                 config={"quantization_config": {"quant_method": "mxfp4"}})
+
+
+def _scaled_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
+    """Modules x.E in one of the dequant_scaled schemes: compressed-tensors FP8 per tensor or
+    channel (a float32 or bf16 scale), NVFP4 (compressed-tensors or ModelOpt)."""
+    scheme = draw(st.sampled_from(["tensor", "channel", "nvfp4", "modelopt"]))
+    rows, cols = draw(st.integers(1, 12)), 16 * draw(st.integers(1, 2))
+    sdtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
+    tensors: dict[str, torch.Tensor] = {}
+    for e in range(experts):
+        x = f"x.{e}."
+        if scheme in ("tensor", "channel"):
+            tensors[x + "weight"] = (torch.randn(rows, cols, generator=gen) * 4).to(torch.float8_e4m3fn)
+            shape = (1,) if scheme == "tensor" else (rows, 1)
+            tensors[x + "weight_scale"] = (torch.rand(shape, generator=gen) + 0.01).to(sdtype)
+            tensors[x + "input_scale"] = torch.ones(1, dtype=sdtype)
+            continue
+        packed = torch.randint(0, 256, (rows, cols // 2), generator=gen, dtype=torch.uint8)
+        scale = (torch.rand(rows, cols // 16, generator=gen) * 400).to(torch.float8_e4m3fn)
+        tensors[x + "weight_scale"] = scale
+        if scheme == "nvfp4":
+            tensors[x + "weight_packed"] = packed
+            tensors[x + "weight_global_scale"] = torch.rand(1, generator=gen) * 3e4 + 1
+        else:
+            tensors[x + "weight"] = packed
+            tensors[x + "weight_scale_2"] = torch.rand((), generator=gen) * 1e-4
+    if scheme == "modelopt":
+        config: dict[str, Any] = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+    else:
+        weights = ({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
+                   if scheme == "nvfp4" else {"num_bits": 8, "type": "float", "strategy": scheme})
+        fmt = "nvfp4-pack-quantized" if scheme == "nvfp4" else "float-quantized"
+        config = {"quant_method": "compressed-tensors", "format": fmt,
+                  "config_groups": {"g": {"targets": ["Linear"], "weights": weights}}}
+    return Case(tensors, "x.{E}.{T:weight,weight_packed,weight_scale,weight_global_scale,weight_scale_2,input_scale}",
+                None, free=["E", "T"], config={"quantization_config": config})
 
 
 def _apply(case: Case, op: dict[str, Any], reference: Callable[[], None]) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from ckptxform.engine.plan.references import MISSING, get_path
 from ckptxform.errors import QuantizationConfigError
+from ckptxform.quant.group_schemes import GroupSchemes, WeightScheme
 from ckptxform.quant.schemes import CompressedConfig, Found, Fp8BlockConfig, find_quantization_config
 from ckptxform.standins.configs import int4_quantization_config
 
@@ -116,3 +117,89 @@ def test_targets_name_modules_by_regex_name_or_class() -> None:
     classy = CompressedConfig.parse(Found("q", int4()))  # targets ["Linear"]: no name to check
     assert classy.group_for("model.layers.0.q", stored_quantized=False) is None
     assert classy.group_for("model.layers.1.mlp.experts.0.up_proj", stored_quantized=True).group_size == 32
+
+
+# ------------------------------------------------------- FP8 / NVFP4 groups, per module
+
+
+def scaled(scheme: str) -> dict[str, Any]:
+    from ckptxform.standins.scaled import scaled_quantization_config
+
+    return scaled_quantization_config(scheme)  # type: ignore[arg-type]
+
+
+def test_a_mixed_config_gives_each_module_its_group() -> None:
+    parsed = GroupSchemes.parse(Found("q", scaled("mixed")))
+    attn = parsed.group_for("model.layers.3.self_attn.k_proj", stored_quantized=True)
+    mlp = parsed.group_for("model.layers.3.mlp.down_proj", stored_quantized=True)
+    assert attn is not None and attn.readable() == WeightScheme("fp8", "channel", "compressed-tensors")
+    assert mlp is not None and mlp.readable() == WeightScheme("nvfp4", "tensor_group", "compressed-tensors")
+    assert parsed.group_for("lm_head", stored_quantized=True) is None and parsed.ignored("lm_head") == "lm_head"
+    assert parsed.group_for("model.embed_tokens", stored_quantized=True) is None  # no target names it
+    modelopt = GroupSchemes.parse(Found("q", scaled("nvfp4-modelopt")))
+    assert modelopt.group_for("model.layers.0.mlp.up_proj", stored_quantized=True).readable().convention == "modelopt"
+    assert modelopt.ignored("model.embed_tokens") == "model.embed_tokens"
+    wild = GroupSchemes.parse(Found("q", {**scaled("nvfp4-modelopt"), "ignore": ["*.mlp.gate", "model.layers.1"]}))
+    assert wild.ignored("model.layers.0.mlp.gate") == "*.mlp.gate"  # ModelOpt's fnmatch patterns
+    assert wild.ignored("model.layers.1.self_attn.q_proj") == "model.layers.1"  # a parent excludes its children
+
+
+@pytest.mark.parametrize("group, problem", [
+    ({"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group"}},
+     "format 'pack-quantized' with 4-bit int weights, strategy 'group' is neither FP8 float-quantized nor NVFP4 "
+     "(pack-quantized int4: rules/compressed_int4_to_bf16.yaml)"),
+    ({"format": "mxfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "strategy": "group"}},
+     "format 'mxfp4-pack-quantized' with 4-bit float weights, strategy 'group' is neither FP8 float-quantized nor "
+     "NVFP4"),
+    ({"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "strategy": "group",
+                                                    "group_size": 32}},
+     "format 'nvfp4-pack-quantized' with 4-bit float weights, strategy 'group', group_size 32: NVFP4 is strategy "
+     "'tensor_group' with group_size 16"),
+    ({"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                               "symmetric": False}},
+     "format 'float-quantized' with 8-bit float weights, strategy 'channel': only symmetric weights with a stored "
+     "scale (symmetric: true, dynamic: false) are read"),
+    ({"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "block"}},
+     "format 'float-quantized' with 8-bit float weights, strategy 'block', block_structure None: FP8 weights are "
+     "read per tensor, per channel or per block [rows, cols]"),
+    ({"format": "float-quantized", "weights": None}, "weights is None: the group quantizes no weights"),
+])
+def test_a_group_that_cannot_be_read_is_refused_by_name_when_used(group: dict[str, Any], problem: str) -> None:
+    config = scaled("mixed")
+    config["config_groups"]["mlp"] = {"targets": ["re:.*mlp.*"], **group}
+    parsed = GroupSchemes.parse(Found("q", config))  # parsed: the FP8 group still reads
+    assert parsed.group_for("model.layers.0.self_attn.q_proj", stored_quantized=True).readable().kind == "fp8"
+    with pytest.raises(QuantizationConfigError) as err:
+        parsed.group_for("model.layers.0.mlp.up_proj", stored_quantized=True).readable()
+    assert str(err.value) == f"q.config_groups.mlp cannot be read: {problem}"
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"quant_method": "fp8"}, "q.quant_method is 'fp8', not 'compressed-tensors' or 'modelopt'; this rule "
+                              "dequantizes FP8 (weight_scale) and NVFP4"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": "Linear"}}},
+     "q.config_groups.g.targets is 'Linear', not a list of strings"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": "lm_head"},
+     "q.ignore is 'lm_head', not a list of strings"),
+])
+def test_a_malformed_config_is_refused_at_once(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(QuantizationConfigError) as err:
+        GroupSchemes.parse(Found("q", config))
+    assert str(err.value) == message
+
+
+@pytest.mark.reference
+def test_targets_match_as_compressed_tensors_matches_them() -> None:
+    match = pytest.importorskip("compressed_tensors.utils.match",
+                                reason="needs the 'reference' extra: pip install torch==2.13.0 -e '.[test,reference]'")
+    config = scaled("mixed")
+    parsed = GroupSchemes.parse(Found("q", config))
+    modules = ["model.layers.0.self_attn.q_proj", "model.layers.11.mlp.experts.3.down_proj", "lm_head",
+               "model.layers.2.mlp.gate", "model.embed_tokens", "visual.blocks.0.attn.qkv"]
+    for module in modules:
+        theirs = next((name for name, g in config["config_groups"].items()
+                       if any(match.match_name(module, t) for t in g["targets"])), None)
+        if any(match.match_name(module, entry) for entry in config["ignore"]):
+            theirs = None
+        ours = parsed.group_for(module, stored_quantized=False)
+        assert (ours.name if ours else None) == theirs, module

@@ -139,9 +139,20 @@ def _bf16_llama(root: Path) -> Scenario:
     return Scenario({"model": str(model)}, keys, "model")
 
 
+def _scaled_llama(scheme: str) -> Callable[[Path], Scenario]:
+    def build(root: Path) -> Scenario:
+        from ckptxform.standins.scaled import build_scaled_llama
+
+        model = build_scaled_llama(root / f"Llama-{scheme}", scheme, seed=14)  # type: ignore[arg-type]
+        return Scenario({"model": str(model)}, frozenset(read_output(model)), "model")
+    return build
+
+
+_FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
+
 #: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
-VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml",
-                  "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
+VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
+                  "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -157,6 +168,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "bf16_to_fp8_block.yaml": _bf16_llama,
     "bf16_to_fp8_dynamic.yaml": _bf16_llama,
     "bf16_to_nvfp4.yaml": _bf16_llama,
+    "fp8_to_bf16.yaml": _FP8_SCALED,
+    "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
 }
 
 

@@ -15,6 +15,7 @@ from .affine import Add, Divide, Multiply
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
 from .dequant_mxfp4 import DequantMxfp4
+from .dequant_scaled import DequantScaled
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -39,6 +40,7 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
     ConcatShards(),
+    DequantScaled(),
 )}
 
 

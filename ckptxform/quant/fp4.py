@@ -25,10 +25,14 @@ __all__ = ["E2M1_VALUES", "e2m1_table", "pack_e2m1", "unpack_codes", "unpack_e2m
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
-def e2m1_table() -> np.ndarray:
-    """The 16 code values as float32 (index = code)."""
+def e2m1_table(signed_zero: bool = True) -> np.ndarray:
+    """The 16 code values as float32 (index = code). ``signed_zero=False``: code 8 is
+    ``+0.0``, as ModelOpt's NVFP4 dequantizer reads it (its table holds ``0`` twice)."""
     import numpy as np
-    return np.array(E2M1_VALUES, dtype=np.float32)
+    table = np.array(E2M1_VALUES, dtype=np.float32)
+    if not signed_zero:
+        table[8] = 0.0
+    return table
 
 
 def unpack_codes(packed: np.ndarray) -> np.ndarray:

@@ -14,6 +14,11 @@ tensor's size. Each function checks the sizes it is given and never reads past t
   round_s(round_s(q[r, c] - zp[r, c // g]) * scale[r, c // g])`` computed in the scale's
   dtype ``s`` (as compressed-tensors' ``dequantize`` does), then cast to the output dtype.
   The zero point (asymmetric schemes) is packed the same way along rows.
+- FP4 e2m1 per group (NVFP4): two codes a byte, low nibble first; ``out[r, c] =
+  round(value(code[r, c]) * scale[r, c // g])``, the product rounded to float32 and then to
+  the output dtype. NVFP4's float32 group scale is its e4m3 ``weight_scale`` times
+  (ModelOpt's ``weight_scale_2``) or divided by (compressed-tensors' reciprocal
+  ``weight_global_scale``) the global scale, rounded once to float32 (``nvfp4_scales``).
 
 Two backends give the same bytes (tests/test_numeric_backends.py): ``torch_kernels`` where
 torch is installed, ``numpy_kernels`` elsewhere (the light install). Each decodes a block
@@ -28,12 +33,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DTYPE_SIZES
-from .layouts import Fp8Block, Int4Groups
+from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["Fp8Block", "Int4Groups", "dequant_fp8_rows", "dequant_int4_rows", "tensor_view"]
+__all__ = ["Fp4Groups", "Fp8Block", "Int4Groups", "dequant_fp4_rows", "dequant_fp8_rows", "dequant_int4_rows",
+           "nvfp4_scales", "tensor_view"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -91,6 +97,41 @@ def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
     with np_errors_ignored():
         out = backend().int4(packed, scale, layout, rows, zero_point, out_dtype)
     return _canonical_nans(out, out_dtype, not _finite(scale, layout.scale_dtype))
+
+
+def dequant_fp4_rows(packed: Buffer, scale: Buffer, layout: Fp4Groups, *, out_dtype: str = "BF16") -> memoryview:
+    """The output bytes of the rows of an e2m1 weight packed in ``packed`` (whole rows),
+    given one F32 scale per group of each row (``nvfp4_scales``).
+
+    >>> import numpy as np
+    >>> packed = bytes([0x21, 0x8F] * 8)  # codes 1, 2, 15, 8: 0.5, 1.0, -6.0, -0.0
+    >>> scale = np.array([2.0, 0.5], dtype=np.float32).tobytes()
+    >>> out = dequant_fp4_rows(packed, scale, Fp4Groups(cols=16, group_size=16), out_dtype="F32")
+    >>> tensor_view(out, "F32", (2, 16))[:, :4].tolist()
+    [[1.0, 2.0, -12.0, -0.0], [0.25, 0.5, -3.0, -0.0]]
+    """
+    rows = _whole_rows(len(packed), layout.row_bytes, 1, "packed FP4 weight")
+    if layout.cols % layout.group_size or layout.cols % 2:
+        raise ValueError(f"{layout.cols} columns are not whole groups of {layout.group_size}")
+    _expect(len(scale), rows * layout.groups * 4, "F32 group scale rows")
+    _check_out(out_dtype)
+    with np_errors_ignored():
+        out = backend().fp4(packed, scale, layout, rows, out_dtype)
+    return _canonical_nans(out, out_dtype, not _finite(scale, "F32"))
+
+
+def nvfp4_scales(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
+    """The F32 scale of each NVFP4 group: the e4m3 ``scale`` bytes widened (exact), then
+    divided by (compressed-tensors) or multiplied by (ModelOpt) the float32 ``global_scale``,
+    rounded once to float32: what both libraries compute before the codes are scaled."""
+    import numpy as np
+
+    from ..dtypes import numpy_dtype
+
+    s = np.frombuffer(scale, dtype=numpy_dtype("F8_E4M3")).astype(np.float32)
+    g = np.float32(global_scale)
+    with np_errors_ignored():
+        return (s / g if divide else s * g).astype(np.float32).tobytes()
 
 
 def backend() -> Any:

@@ -43,3 +43,22 @@ class Int4Groups:
     @staticmethod
     def zero_point_rows(rows: int) -> int:
         return -(-rows // 8)
+
+
+@dataclass(frozen=True)
+class Fp4Groups:
+    """An FP4 e2m1 weight of ``cols`` columns, two codes a byte (low nibble first), one
+    float32 scale per ``group_size`` columns of a row (NVFP4: 16). ``signed_zero``: code 8
+    is ``-0.0`` (False: ``+0.0``, ModelOpt's reading)."""
+
+    cols: int
+    group_size: int
+    signed_zero: bool = True
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols // 2
+
+    @property
+    def groups(self) -> int:
+        return self.cols // self.group_size

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .layouts import Fp8Block, Int4Groups
+from .fp4 import e2m1_table
+from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 Buffer = bytes | bytearray | memoryview
 
@@ -68,6 +69,34 @@ def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_poin
         return rounded(values, out_dtype)
     # rounded to the scale's dtype first, then cast, as torch does (exact when widening)
     return rounded(_widened(rounded_array(values, layout.scale_dtype), layout.scale_dtype), out_dtype)
+
+
+def fp4(packed: Buffer, scale: Buffer, layout: Fp4Groups, rows: int, out_dtype: str) -> np.ndarray:
+    values = fp4_values(packed, layout, rows)
+    s = np.frombuffer(scale, dtype="<f4").reshape(rows, layout.groups)
+    # an e2m1 value has 2 significant bits: the product is rounded once to float32
+    values.reshape(rows, layout.groups, layout.group_size)[...] *= s[:, :, None]
+    return rounded(values, out_dtype)
+
+
+def fp4_values(packed: Buffer, layout: Fp4Groups, rows: int) -> np.ndarray:
+    """float32 ``[rows, cols]`` values of packed e2m1 codes: one lookup per byte in a table
+    of the 256 bytes' value pairs (3x faster than splitting nibbles, then a 16-entry lookup)."""
+    pairs = _e2m1_pairs(layout.signed_zero)
+    # indexing, not ``take``: take converts the uint8 indices 10x slower than the lookup
+    return pairs[np.frombuffer(packed, dtype=np.uint8)].view(np.float32).reshape(rows, layout.cols)
+
+
+def _e2m1_pairs(signed_zero: bool) -> np.ndarray:
+    """Byte ``b`` -> its two values (low nibble first) as one uint64."""
+    table = _PAIRS.get(signed_zero)
+    if table is None:
+        values, b = e2m1_table(signed_zero), np.arange(256)
+        table = _PAIRS[signed_zero] = np.stack([values[b & 15], values[b >> 4]], axis=1).view(np.uint64)[:, 0].copy()
+    return table
+
+
+_PAIRS: dict[bool, np.ndarray] = {}
 
 
 #: the scale dtypes of int4 (safetensors name -> the little-endian numpy storage type)

@@ -9,6 +9,7 @@
   ``weights`` args) and ``ignore``. A target or ignore entry is ``re:REGEX`` (matched from
   the start of the module name), an exact module name, or a class name (``Linear``); a
   header shows no classes, so a class target stands for every module stored quantized.
+  Per-module schemes of FP8 and NVFP4 groups (and ModelOpt's config): group_schemes.py.
 
 Every problem is a ``QuantizationConfigError`` whose message names the config's path
 and field; the op adds the rule and the tensor key.
@@ -118,7 +119,7 @@ class CompressedConfig:
 
     def ignored(self, module: str) -> str | None:
         """The ``ignore`` entry naming ``module``, if one does."""
-        return next((entry for entry in self.ignore if _names(entry, module)), None)
+        return next((entry for entry in self.ignore if names_module(entry, module)), None)
 
     def group_for(self, module: str, *, stored_quantized: bool) -> Int4Group | None:
         """The first group whose targets take ``module`` (class targets take what is
@@ -127,7 +128,7 @@ class CompressedConfig:
             return None
         for group in self.groups:
             for target in group.targets:
-                if _names(target, module) or (stored_quantized and _is_class_name(target)):
+                if names_module(target, module) or (stored_quantized and is_class_name(target)):
                     return group
         return None
 
@@ -155,13 +156,15 @@ def _int4_group(path: str, name: str, group: Any, top_format: Any) -> Int4Group:
     return Int4Group(name, tuple(targets), size, bool(w.get("symmetric", True)))
 
 
-def _names(entry: str, module: str) -> bool:
+def names_module(entry: str, module: str) -> bool:
+    """Whether a target or ignore entry (``re:REGEX``, from the start, or an exact name) names ``module``."""
     if entry.startswith("re:"):
         return re.match(entry.removeprefix("re:"), module) is not None
     return entry == module
 
 
-def _is_class_name(entry: str) -> bool:
+def is_class_name(entry: str) -> bool:
+    """Whether a target is a class name (``Linear``), which a header cannot check."""
     return not entry.startswith("re:") and "." not in entry and entry[:1].isupper()
 
 
@@ -180,12 +183,17 @@ def scale_of(key: str, tensors: Mapping[str, Any]) -> str | None:
 
 def dequant_op_for(found: Found, dtype: str, scale: str) -> str | None:
     """The op that dequantizes a ``dtype`` weight scaled by ``scale`` under ``found``, if
-    ckptxform has one (dequant_fp8_block, dequant_int4, dequant_mxfp4)."""
+    ckptxform has one (dequant_fp8_block, dequant_int4, dequant_mxfp4, dequant_scaled)."""
     method = found.value.get("quant_method")
     if method == "fp8" and dtype == "F8_E4M3" and scale.endswith("_scale_inv"):
         return "dequant_fp8_block"
-    if method == "compressed-tensors" and dtype in ("I32", "U8") and scale.endswith(".weight_scale"):
-        return "dequant_int4"
+    if method == "modelopt" and dtype in ("F8_E4M3", "U8") and scale.endswith(".weight_scale"):
+        return "dequant_scaled"
+    if method == "compressed-tensors" and scale.endswith(".weight_scale"):
+        if dtype == "F8_E4M3" or (dtype == "U8" and "nvfp4-pack-quantized" in repr(found.value)):
+            return "dequant_scaled"
+        if dtype in ("I32", "U8"):
+            return "dequant_int4"
     if method == "mxfp4" and dtype == "U8" and scale.endswith("_scales"):
         return "dequant_mxfp4"
     return None

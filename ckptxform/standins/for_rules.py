@@ -31,6 +31,7 @@ from ckptxform.standins.hf_models import (
 )
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import build_kimi_k2
+from ckptxform.standins.scaled import build_scaled_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 
 __all__ = ["STANDINS", "RuleStandin", "standin_for"]
@@ -188,6 +189,17 @@ STANDINS: dict[str, RuleStandin] = {
         _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "NVFP4 weights, 16-bit activations "
         "(compressed-tensors NVFP4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
         _QUANTIZE_CHECKS),
+    "fp8_to_bf16": RuleStandin(
+        lambda root: _model(build_scaled_llama(root / "Llama-3.1-8B-Instruct-FP8-dynamic", "fp8-channel")),
+        "FP8 e4m3 x weight_scale per tensor/channel (compressed-tensors)", "bfloat16",
+        "RedHatAI/*-FP8, *-FP8-dynamic (llm-compressor FP8, FP8_DYNAMIC)",
+        "compressed-tensors' own decompress on llm-compressor outputs, bit for bit; transformers loads it"),
+    "nvfp4_to_bf16": RuleStandin(
+        lambda root: _model(build_scaled_llama(root / "Llama-3.1-8B-Instruct-NVFP4", "mixed")),
+        "NVFP4 (compressed-tensors or ModelOpt; FP8 groups beside)", "bfloat16",
+        "RedHatAI/*-NVFP4 (llm-compressor), nvidia/*-FP4 (ModelOpt)",
+        "compressed-tensors' decompress (llm-compressor outputs) and ModelOpt's dequantize (its exports), "
+        "bit for bit"),
 }
 
 
