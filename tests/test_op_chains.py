@@ -553,6 +553,66 @@ def test_a_chain_ending_in_a_quantize_op_equals_the_torch_reference(case: Case) 
         event(f"{case.ops[-1] and next(iter(case.ops[-1]))}: {run_case(case, Path(tmp))}")
 
 
+# ------------------------------------------------------------------ chains the search once failed on
+
+
+def _chain(case: Case, steps: list[tuple[dict[str, Any], Callable[[], None]]]) -> None:
+    """``case`` through ``steps`` (from its tensors, bound to E = 0 and T = the last key segment, at first)."""
+    if not case.ops:
+        case.items = {tuple(sorted([("E", "0")] + ([("T", k.split(".")[2])] if "T" in case.free else []))): v
+                      for k, v in case.tensors.items()}
+    for op, reference in steps:
+        _apply(case, op, reference)
+
+
+def test_a_mean_row_rounds_through_float32_as_torch_does(tmp_path: Path) -> None:
+    """One bf16 column of the dequantized experts is -2048, 2 and -2**-26 after the transpose:
+    their float64 mean, -682.000000005, is -682 in float32, a bf16 tie (torch: -680), while
+    rounding it once gives -684."""
+    gen = torch.Generator().manual_seed(1)
+    tensors = {"x.0.blocks": torch.randint(0, 256, (2, 3, 1, 16), generator=gen, dtype=torch.uint8),
+               "x.0.scales": torch.randint(100, 150, (2, 3, 1), generator=gen, dtype=torch.uint8)}
+    case = Case(tensors, "x.{E}.{T:blocks,scales}", None, free=["E", "T"], kind="mxfp4",
+                config={"quantization_config": {"quant_method": "mxfp4"}})
+    _chain(case, [({"dequant_mxfp4": {"over": "T"}},
+                   lambda: _reduce(case, "T", lambda ms, names: ref_mxfp4(dict(zip(names, ms)))))])
+    case.free.remove("T")
+    _chain(case, [({"transpose": [0, 1]}, lambda: _map(case, lambda t: ref_transpose(t, 0, 1))),
+                  ({"qkv_interleave": {"heads": 1, "kv_heads": 1}},
+                   lambda: _map(case, lambda t: ref_qkv(t, 1, 1, False))),
+                  ({"resize_rows": {"rows": 9, "fill": "mean"}},
+                   lambda: _map(case, lambda t: ref_resize(t, 9, "mean", 0.02, 0)))])
+    assert case.items is not None
+    assert case.expected()["y.0.w"][3, 0, 30].item() == -680.0
+    assert run_case(case, tmp_path) == "applied, 4 ops"
+
+
+_NO_ROWS = {"resize_rows": {"rows": 0}}
+
+
+def test_a_transpose_of_a_tensor_with_no_rows_writes_an_empty_tensor(tmp_path: Path) -> None:
+    case = Case({"x.0.w": torch.ones(3, 4, dtype=torch.bfloat16)}, "x.{E}.w", None, free=["E"])
+    _chain(case, [(_NO_ROWS, lambda: _map(case, lambda t: ref_resize(t, 0, "zeros", 0.02, 0))),
+                  ({"transpose": [0, 1]}, lambda: _map(case, lambda t: ref_transpose(t, 0, 1)))])
+    assert run_case(case, tmp_path) == "applied, 2 ops"
+    assert case.expected()["y.0.w"].shape == (4, 0)
+
+
+def test_a_dequant_of_an_fp8_weight_with_no_columns_writes_an_empty_tensor(tmp_path: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"x.0.weight": (torch.randn(4, 5, generator=gen) * 4).to(torch.float8_e4m3fn),
+               "x.0.weight_scale_inv": torch.rand(2, 3, generator=gen) + 0.25}
+    case = Case(tensors, "x.{E}.{T:weight,weight_scale_inv}", (2, 2), free=["E", "T"], kind="fp8",
+                config={"quantization_config": {"quant_method": "fp8", "weight_block_size": [2, 2]}})
+    _chain(case, [(_NO_ROWS, lambda: _map(case, lambda t: ref_resize(t, 0, "zeros", 0.02, 0))),
+                  ({"transpose": [0, 1]}, lambda: _map(case, lambda t: ref_transpose(t, 0, 1))),
+                  ({"dequant_fp8_block": {"over": "T"}},
+                   lambda: _reduce(case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), (2, 2))))])
+    case.free.remove("T")
+    assert run_case(case, tmp_path) == "applied, 3 ops"
+    assert case.expected()["y.0.w"].shape == (5, 0)
+
+
 # ------------------------------------------------------------------ the chains of issue 21
 
 

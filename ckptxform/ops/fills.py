@@ -21,7 +21,10 @@ def mean_row(chunks: Iterable[tuple[bytes | bytearray | memoryview, int]], row_s
     for raw, rows in chunks:
         total += values_of(raw, dtype).astype(np.float64).reshape(rows, *row_shape).sum(0)
         count += rows
-    return cast_bytes((total / max(1, count)).tobytes(), "F64", dtype)
+    mean, src = total / max(1, count), "F64"
+    if dtype != "F64":  # through float32, as torch's float64 .to(dtype) rounds: twice, which
+        mean, src = mean.astype(np.float32), "F32"  # differs from numpy's once at a float32 tie
+    return cast_bytes(mean.tobytes(), src, dtype)
 
 
 class NormalRows:

@@ -101,7 +101,7 @@ class _ReadTiles:
         tile = np.frombuffer(buf, dtype=_UINT[size]).reshape(big_a, mid, count, tail)
         out = np.empty((count, mid, big_a, tail), dtype=_UINT[size])
         _transpose_bands(tile, out)
-        return out.data.cast("B").toreadonly()
+        return out.reshape(-1).view(np.uint8).data.toreadonly()  # no memoryview.cast: a tile may be empty
 
 
 class _LocalTiles:
@@ -144,7 +144,7 @@ class _LocalTiles:
             big_a, mid, count, tail)
         out = np.empty((count, mid, big_a, tail), dtype=_UINT[size])
         _transpose_bands(tile, out)
-        return out.data.cast("B").toreadonly()
+        return out.reshape(-1).view(np.uint8).data.toreadonly()  # no memoryview.cast: a tile may be empty
 
 
 def _transpose_bands(tile: Any, out: Any) -> None:

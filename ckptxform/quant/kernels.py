@@ -59,9 +59,12 @@ def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
     >>> tensor_view(out, "BF16", (3, 5))[0].tolist()
     [2.0, 2.0, 2.0, 2.0, 0.5]
     """
+    _check_out(out_dtype)
+    if layout.cols == 0:  # a [rows, 0] weight and its [blocks, 0] scale: no values whatever the rows
+        _expect(len(weight) + len(scale_inv), 0, "FP8 weight and scale_inv of no columns")
+        return memoryview(b"")
     rows = _whole_rows(len(weight), layout.cols, 1, "FP8 weight")
     _expect(len(scale_inv), layout.scale_rows(rows) * layout.scale_cols * 4, "F32 scale_inv rows")
-    _check_out(out_dtype)
     import numpy as np
 
     nan = (np.frombuffer(weight, dtype=np.uint8) | np.uint8(0x80)) == np.uint8(0xFF)  # 0x7F/0xFF
