@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
+from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
 from ckptxform.standins.gpt_oss import build_gpt_oss
@@ -29,6 +30,7 @@ from ckptxform.standins.hf_models import (
     build_moe,
     build_phi3,
 )
+from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
@@ -85,6 +87,11 @@ def _full_vocab_drafter(root: Path) -> dict[str, str]:
 def _full_vocab_mla_drafter(root: Path) -> dict[str, str]:
     drafter = build_mla_drafter(root / "kimi-k2.5-eagle3-mla", KIMI_K25_MLA_TINY, seed=10)
     return {"drafter": str(drafter.path), "vocab": _k25_vocab(root)}
+
+
+def _dflash(root: Path) -> dict[str, str]:
+    return {"model": str(build_dflash_drafter(root / "Qwen3-8B-DFlash-b16").path),
+            "verifier": str(build_qwen3_verifier(root / "Qwen3-8B").path)}
 
 
 def _model(path: Path | str) -> dict[str, str]:
@@ -200,6 +207,15 @@ STANDINS: dict[str, RuleStandin] = {
         "RedHatAI/*-NVFP4 (llm-compressor), nvidia/*-FP4 (ModelOpt)",
         "compressed-tensors' decompress (llm-compressor outputs) and ModelOpt's dequantize (its exports), "
         "bit for bit"),
+    "mtp_extract": RuleStandin(
+        lambda root: {"verifier": str(build_qwen3_next_verifier(root / "Qwen3-Next-80B-A3B-Instruct").path)},
+        "a verifier's own MTP layer (mtp.*)", "standalone MTP drafter (speculators layout)",
+        "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 (mtp.* keys)",
+        "speculators 0.9's MTPConverter, tensor for tensor and field for field; speculators loads it"),
+    "dflash_to_speculators": RuleStandin(
+        _dflash, "z-lab DFlash drafter", "speculators DFlash layout (aux ids + 1)",
+        "z-lab/Qwen3-8B-DFlash-b16 and the other z-lab DFlash drafters",
+        "speculators 0.9's DFlashConverter, tensor for tensor and field for field; speculators loads it"),
 }
 
 
