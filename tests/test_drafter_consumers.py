@@ -110,6 +110,14 @@ def test_speculators_loads_the_mtp_drafter_without_the_nan_placeholder(mtp_case:
     assert same_bits(state["lm_head.weight"], verifier_tensors["lm_head.weight"])
 
 
+def test_mtp_graft_of_speculators_drafter_gives_the_verifier_back_byte_for_byte(
+        mtp_case: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    verifier, _, theirs = mtp_case
+    grafted = api.apply(RULES / "mtp_graft.yaml", out=tmp_path / "grafted",
+                        sources={"drafter": str(theirs), "verifier": str(verifier)}, progress=False).out
+    _same_tensors(read_output(grafted), read_output(verifier))
+
+
 def _loaded(model_class: Any, config_class: Any, out: Path, verifier: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the state speculators' from_pretrained holds, our tensors), after checking that it
     holds each of ours as written; the verifier it reads is the local stand-in."""

@@ -137,3 +137,62 @@ def test_list_expression_errors_say_what_is_wrong(text: str, message: str) -> No
     with pytest.raises(ExpressionError) as err:
         parse_expression(text).evaluate(lambda ref: values[ref.text()])
     assert str(err.value) == message
+
+
+def _graft(tmp_path: Path, drafter: Path, verifier: Path) -> Path:
+    return api.apply(RULES / "mtp_graft.yaml", out=tmp_path / "grafted",
+                     sources={"drafter": str(drafter), "verifier": str(verifier)}, progress=False).out
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_mtp_graft_of_the_extracted_drafter_gives_the_verifier_back_byte_for_byte(tmp_path: Path, seed: int) -> None:
+    from conftest import read_output, same_bits
+
+    verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=seed).path
+    drafter = api.apply(RULES / "mtp_extract.yaml", out=tmp_path / "drafter", sources={"verifier": str(verifier)},
+                        progress=False).out
+    grafted = read_output(_graft(tmp_path, drafter, verifier))
+    original = read_output(verifier)
+    assert sorted(grafted) == sorted(original)
+    assert not [k for k in original if not same_bits(grafted[k], original[k])]
+
+
+def test_mtp_graft_of_a_changed_drafter_changes_exactly_the_mtp_tensors(tmp_path: Path) -> None:
+    from conftest import read_audit, read_output, same_bits
+
+    verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=7).path
+    # a fine-tuned head: the same verifier with other MTP values, extracted
+    tuned = build_qwen3_next_verifier(tmp_path / "tuned", seed=7, mtp_seed=70).path
+    drafter = api.apply(RULES / "mtp_extract.yaml", out=tmp_path / "drafter", sources={"verifier": str(tuned)},
+                        progress=False).out
+    out = _graft(tmp_path, drafter, verifier)
+    grafted, original, expected = read_output(out), read_output(verifier), read_output(tuned)
+    changed = {k for k in original if not same_bits(grafted[k], original[k])}
+    assert changed == {k for k in original if k.startswith("mtp.")}
+    assert all(same_bits(grafted[k], expected[k]) for k in changed)
+    events = read_audit(out)
+    from_drafter = {e["key"] for e in events if e["event"] == "written"
+                    and "drafter" in json.dumps(e.get("from"))}
+    assert from_drafter == changed
+    skipped = {e["key"] for e in events if e["event"] == "tensor" and e["source"] == "verifier"
+               and e["action"] == "skipped"}
+    assert skipped == changed
+
+
+def test_mtp_graft_of_a_drafter_missing_a_tensor_fails_the_plan(run_cli: Any, tmp_path: Path) -> None:
+    from conftest import read_output
+    from safetensors.torch import save_file
+
+    verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=8).path
+    drafter = api.apply(RULES / "mtp_extract.yaml", out=tmp_path / "drafter", sources={"verifier": str(verifier)},
+                        progress=False).out
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    tensors = read_output(drafter)
+    del tensors["mtp_layers.0.self_attn.k_proj.weight"]
+    save_file(tensors, broken / "model.safetensors")
+    (broken / "config.json").write_text((drafter / "config.json").read_text())
+    err = _plan_error(run_cli, RULES / "mtp_graft.yaml", {"drafter": str(broken), "verifier": str(verifier)})
+    assert err.count("\n") == 1
+    assert err.startswith(f"error: require.loaded ({RULES / 'mtp_graft.yaml'}:")
+    assert "'mtp.layers.0.self_attn.k_proj.weight' was not loaded from source 'drafter'" in err

@@ -154,7 +154,7 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
-NOT_EAGLE3_RULES = ("dflash_to_speculators.yaml", "mtp_extract.yaml")
+NOT_EAGLE3_RULES = ("dflash_to_speculators.yaml", "mtp_extract.yaml", "mtp_graft.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -174,7 +174,16 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
     "mtp_extract.yaml": lambda root: _qwen3_next(root),
     "dflash_to_speculators.yaml": lambda root: _dflash(root),
+    "mtp_graft.yaml": lambda root: _mtp_graft(root),
 }
+
+
+def _mtp_graft(root: Path) -> Scenario:
+    from ckptxform.standins.for_rules import STANDINS as RULE_STANDINS
+
+    sources = RULE_STANDINS["mtp_graft"].build(root)
+    keys = frozenset(read_output(Path(sources["drafter"])))
+    return Scenario(sources, keys, "drafter")
 
 
 def _qwen3_next(root: Path) -> Scenario:

@@ -94,6 +94,18 @@ def _dflash(root: Path) -> dict[str, str]:
             "verifier": str(build_qwen3_verifier(root / "Qwen3-8B").path)}
 
 
+def _mtp_graft(root: Path) -> dict[str, str]:
+    """A verifier, and its MTP layer with other (fine-tuned) values as a standalone drafter:
+    what mtp_extract writes of it, which is what speculators' converter writes."""
+    from ckptxform import api
+
+    verifier = build_qwen3_next_verifier(root / "Qwen3-Next-80B-A3B-Instruct").path
+    tuned = build_qwen3_next_verifier(root / "tuned" / "verifier", mtp_seed=1).path
+    drafter = api.apply("mtp_extract", out=root / "Qwen3-Next-80B-A3B-Instruct-mtp-finetuned",
+                        sources={"verifier": str(tuned)}, progress=False).out
+    return {"drafter": str(drafter), "verifier": str(verifier)}
+
+
 def _model(path: Path | str) -> dict[str, str]:
     return {"model": str(path)}
 
@@ -216,6 +228,10 @@ STANDINS: dict[str, RuleStandin] = {
         _dflash, "z-lab DFlash drafter", "speculators DFlash layout (aux ids + 1)",
         "z-lab/Qwen3-8B-DFlash-b16 and the other z-lab DFlash drafters",
         "speculators 0.9's DFlashConverter, tensor for tensor and field for field; speculators loads it"),
+    "mtp_graft": RuleStandin(
+        _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
+        "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",
+        "grafting speculators' own extraction back gives the verifier byte for byte"),
 }
 
 
