@@ -196,3 +196,52 @@ def test_mtp_graft_of_a_drafter_missing_a_tensor_fails_the_plan(run_cli: Any, tm
     assert err.count("\n") == 1
     assert err.startswith(f"error: require.loaded ({RULES / 'mtp_graft.yaml'}:")
     assert "'mtp.layers.0.self_attn.k_proj.weight' was not loaded from source 'drafter'" in err
+
+
+# -- DeepSeek-V3 NextN ------------------------------------------------------------------------
+
+NEXTN = RULES / "deepseek_nextn_extract.yaml"
+
+
+@pytest.fixture(scope="module")
+def deepseek_v3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
+
+    return build_kimi_k2(tmp_path_factory.mktemp("ds") / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8,
+                         seed=9, nextn=True).path
+
+
+def test_deepseek_nextn_extract_writes_what_sglangs_export_script_writes(deepseek_v3: Path, tmp_path: Path) -> None:
+    """scripts/export_deepseek_nextn.py: every tensor of model.layers.{num_hidden_layers}
+    but embed_tokens and shared_head.head, renamed to model.layers.0, as it is (FP8 and its
+    scales too); the config with num_hidden_layers 1 and the NextN architecture."""
+    from conftest import read_output, same_bits
+
+    out = api.apply(NEXTN, out=tmp_path / "nextn", sources={"verifier": str(deepseek_v3)}, progress=False).out
+    source = read_output(deepseek_v3)
+    config = json.loads((deepseek_v3 / "config.json").read_text())
+    prefix = f"model.layers.{config['num_hidden_layers']}."
+    expected = {"model.layers.0." + k.removeprefix(prefix): v for k, v in source.items()
+                if k.startswith(prefix) and "embed_tokens" not in k and "shared_head.head" not in k}
+    assert (out / "nextn_layer_parameters.safetensors").is_file()
+    written = read_output(out)
+    assert sorted(written) == sorted(expected)
+    assert not [k for k in expected if not same_bits(written[k], expected[k])]
+    assert any(str(v.dtype) == "torch.float8_e4m3fn" for v in written.values())
+    assert json.loads((out / "config.json").read_text()) == {
+        **config, "num_hidden_layers": 1, "architectures": ["DeepseekV3ForCausalLMNextN"]}
+
+
+def test_deepseek_nextn_extract_of_a_verifier_whose_mtp_layer_was_dropped_fails_the_plan(
+        deepseek_v3: Path, run_cli: Any, tmp_path: Path) -> None:
+    """A conversion tool that dropped layer 61 but kept num_nextn_predict_layers: 1 (vLLM
+    would serve a random head): require.loaded names the missing block."""
+    import shutil
+
+    from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
+
+    dropped = build_kimi_k2(tmp_path / "dropped", DEEPSEEK_V3_61_TINY, num_shards=8, seed=9).path
+    shutil.copy(deepseek_v3 / "config.json", dropped / "config.json")
+    err = _plan_error(run_cli, NEXTN, {"verifier": str(dropped)})
+    assert err.startswith(f"error: require.loaded ({NEXTN}:")
+    assert "'model.layers.0.enorm.weight' was not loaded from source 'verifier'" in err

@@ -154,7 +154,8 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
-NOT_EAGLE3_RULES = ("dflash_to_speculators.yaml", "mtp_extract.yaml", "mtp_graft.yaml")
+NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
+                    "mtp_graft.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -175,7 +176,15 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "mtp_extract.yaml": lambda root: _qwen3_next(root),
     "dflash_to_speculators.yaml": lambda root: _dflash(root),
     "mtp_graft.yaml": lambda root: _mtp_graft(root),
+    "deepseek_nextn_extract.yaml": lambda root: _deepseek_v3(root),
 }
+
+
+def _deepseek_v3(root: Path) -> Scenario:
+    from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY
+
+    model = build_kimi_k2(root / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8, seed=17, nextn=True)
+    return Scenario({"verifier": str(model.path)}, frozenset(model.keys), "verifier")
 
 
 def _mtp_graft(root: Path) -> Scenario:

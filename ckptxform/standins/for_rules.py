@@ -32,7 +32,7 @@ from ckptxform.standins.hf_models import (
 )
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
-from ckptxform.standins.quantized import build_kimi_k2
+from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 
@@ -104,6 +104,10 @@ def _mtp_graft(root: Path) -> dict[str, str]:
     drafter = api.apply("mtp_extract", out=root / "Qwen3-Next-80B-A3B-Instruct-mtp-finetuned",
                         sources={"verifier": str(tuned)}, progress=False).out
     return {"drafter": str(drafter), "verifier": str(verifier)}
+
+
+def _model_as(name: str, path: Path | str) -> dict[str, str]:
+    return {name: str(path)}
 
 
 def _model(path: Path | str) -> dict[str, str]:
@@ -232,6 +236,12 @@ STANDINS: dict[str, RuleStandin] = {
         _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
         "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",
         "grafting speculators' own extraction back gives the verifier byte for byte"),
+    "deepseek_nextn_extract": RuleStandin(
+        lambda root: _model_as("verifier", build_kimi_k2(root / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8,
+                                                         nextn=True).path),
+        "DeepSeek-V3 MTP block (model.layers.61.*)", "SGLang's standalone NextN layer (model.layers.0.*)",
+        "deepseek-ai/DeepSeek-V3, DeepSeek-R1 (FP8 kept)",
+        "the keys, bytes and config SGLang's export_deepseek_nextn.py writes"),
 }
 
 
