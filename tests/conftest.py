@@ -147,8 +147,9 @@ def assert_clean_failure(proc: subprocess.CompletedProcess[str], code: int = 1) 
 def read_output(out: Path) -> dict[str, Any]:
     """Every tensor of an output directory (single file or shards), read with safetensors."""
     index = out / "model.safetensors.index.json"
+    singles = sorted(p.name for p in out.glob("*.safetensors"))  # output.file_name may rename it
     files = (sorted(set(json.loads(index.read_text())["weight_map"].values()))
-             if index.exists() else ["model.safetensors"])
+             if index.exists() else ["model.safetensors"] if len(singles) != 1 else singles)
     tensors: dict[str, Any] = {}
     for name in files:
         part = load_file(str(out / name))

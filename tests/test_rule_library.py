@@ -153,6 +153,9 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 #: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
+#: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
+NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
+                    "mtp_graft.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -170,7 +173,41 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "bf16_to_nvfp4.yaml": _bf16_llama,
     "fp8_to_bf16.yaml": _FP8_SCALED,
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
+    "mtp_extract.yaml": lambda root: _qwen3_next(root),
+    "dflash_to_speculators.yaml": lambda root: _dflash(root),
+    "mtp_graft.yaml": lambda root: _mtp_graft(root),
+    "deepseek_nextn_extract.yaml": lambda root: _deepseek_v3(root),
 }
+
+
+def _deepseek_v3(root: Path) -> Scenario:
+    from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY
+
+    model = build_kimi_k2(root / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8, seed=17, nextn=True)
+    return Scenario({"verifier": str(model.path)}, frozenset(model.keys), "verifier")
+
+
+def _mtp_graft(root: Path) -> Scenario:
+    from ckptxform.standins.for_rules import STANDINS as RULE_STANDINS
+
+    sources = RULE_STANDINS["mtp_graft"].build(root)
+    keys = frozenset(read_output(Path(sources["drafter"])))
+    return Scenario(sources, keys, "drafter")
+
+
+def _qwen3_next(root: Path) -> Scenario:
+    from ckptxform.standins.mtp import build_qwen3_next_verifier
+
+    verifier = build_qwen3_next_verifier(root / "Qwen3-Next-80B-A3B-Instruct", seed=14)
+    return Scenario({"verifier": str(verifier.path)}, frozenset(verifier.keys), "verifier")
+
+
+def _dflash(root: Path) -> Scenario:
+    from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
+
+    drafter = build_dflash_drafter(root / "Qwen3-8B-DFlash-b16", seed=15)
+    verifier = build_qwen3_verifier(root / "Qwen3-8B", seed=16)
+    return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
 
 
 @dataclass(frozen=True)

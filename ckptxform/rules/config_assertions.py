@@ -81,5 +81,5 @@ def sources_read(assertions: tuple[ConfigAssertion, ...], values: list[Any]) -> 
             pending.extend(value)
         elif is_expression(value):
             names.update(r.path[0] for r in parse_expression(value).refs()
-                         if r.kind == "source" and len(r.path) > 2 and r.path[1] == "config")
+                         if r.kind == "source" and len(r.path) >= 2 and r.path[1] == "config")
     return names

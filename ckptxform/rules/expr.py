@@ -4,25 +4,29 @@ Used by the loader (syntax and reference checks, at validate time), the planner 
 arguments such as ``count``, ``sizes`` or an ``add``'s value) and the config builder
 (``config.set``)::
 
-    whole   := expr [' ?? ' JSON]        (the JSON value when a config field is absent)
+    whole   := expr [' ?? ' (JSON | expr)]  (the fallback when a config field is absent)
     expr    := term (('+' | '-') term)*
     term    := unary (('*' | '//' | '%') unary)*
     unary   := '-' unary | power
     power   := atom ['**' unary]         (right to left, as in Python: 2 ** -1 is 0.5)
-    atom    := INT | FLOAT | REF | 'sqrt' '(' expr ')' | '(' expr ')'
+    atom    := INT | FLOAT | REF | 'sqrt' '(' expr ')' | '(' expr ')' | LISTFN '(' expr ',' expr ')'
     REF     := config.PATH | shape.KEY[INT] | vocab.NAME.draft_size | vocab.NAME.vocab_size
              | source.NAME.repo | source.NAME.revision | source.NAME.location
-             | source.NAME.config.PATH | output.dtype
+             | source.NAME.config[.PATH] | output.dtype
+    LISTFN  := without                 (the list without the elements equal to the value)
 
 No names are looked up in Python, nothing is ``eval``-ed: a reference is resolved by the
 caller's function. An expression that is one reference yields the referenced value as it
 is (a string, a mapping); arithmetic takes numbers only. Integers stay integers (exact,
 as counts and sizes need): ``//`` and ``%`` take integers only, and a value is a float
 only where a float literal, a float field, ``sqrt`` or a negative power makes it one.
+A list of numbers takes a number element by element (``config.target_layer_ids + 1``):
+see ``_lists``.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -32,8 +36,8 @@ from typing import Any
 
 _WHOLE = re.compile(r"^\$\{(.*)\}$", re.DOTALL)
 _TOKEN = re.compile(r"\s*(?:(?P<float>[0-9]+(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+))|(?P<int>[0-9]+)"
-                    r"|(?P<op>//|\*\*|[-+*%()])|(?P<func>sqrt)(?=\s*\()"
-                    r"|(?P<ref>[A-Za-z_][^\s+*%()\-/]*(?:\[[0-9]+\])?))")
+                    r"|(?P<op>//|\*\*|[-+*%(),])|(?P<func>sqrt)(?=\s*\()"
+                    r"|(?P<ref>[A-Za-z_][^\s+*%(),\-/]*(?:\[[0-9]+\])?))")
 _SHAPE = re.compile(r"^shape\.(?P<key>.+)\[(?P<dim>[0-9]+)\]$")
 _MAX_DIGITS = 19  # integers of a rule file stay within 64 bits
 _MAX_BITS = 64
@@ -88,7 +92,18 @@ class BinOp:
     right: Node
 
 
-Node = Num | Ref | Neg | Call | BinOp
+@dataclass(frozen=True)
+class ListCall:
+    """A function on lists (``LIST_FUNCTIONS``) of its arguments."""
+
+    name: str
+    args: tuple[Node, ...]
+
+
+Node = Num | Ref | Neg | Call | BinOp | ListCall
+
+#: name -> argument count of the functions on lists
+LIST_FUNCTIONS = {"without": 2}
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,8 @@ class Expression:
     #: ``${config.flag ?? false}``: the value used when a config field is absent
     default: Any = None
     has_default: bool = False
+    #: ``${config.block_size ?? config.dflash_config.block_size}``: an expression instead
+    fallback: Node | None = None
 
     def refs(self) -> list[Ref]:
         out: list[Ref] = []
@@ -112,16 +129,25 @@ class Expression:
             elif isinstance(node, BinOp):
                 walk(node.left)
                 walk(node.right)
+            elif isinstance(node, ListCall):
+                for arg in node.args:
+                    walk(arg)
         walk(self.root)
+        if self.fallback is not None:
+            walk(self.fallback)
         return out
 
     def evaluate(self, resolve: Callable[[Ref], Any]) -> Any:
         """The value; raises ``ExpressionError`` when arithmetic meets a value that is no
         number, a division by zero or a result that is not finite (``resolve`` raises its
         own errors for missing references)."""
-        if isinstance(self.root, Ref):
-            return resolve(self.root)
-        return _number(self.root, resolve, self.text)
+        return _value(self.root, resolve, self.text)
+
+    def evaluate_default(self, resolve: Callable[[Ref], Any]) -> Any:
+        """What ``?? ...`` gives when the expression's config field is absent."""
+        if self.fallback is not None:
+            return _value(self.fallback, resolve, self.text)
+        return copy.deepcopy(self.default)
 
 
 def is_expression(value: Any) -> bool:
@@ -135,20 +161,32 @@ def parse_expression(value: str) -> Expression:
     if whole is None:
         raise ExpressionError(f"{value!r} is not one '${{...}}' expression")
     body, has_default, default_text = whole.group(1).partition(" ?? ")
-    default = None
+    default, fallback = None, None
     if has_default:
         try:
             default = json.loads(default_text)
         except ValueError:
-            raise ExpressionError(f"{value!r}: the default after ' ?? ' must be a JSON value "
-                                  "(true, false, a number, \"text\", null)", len(body) + 4) from None
+            fallback = _fallback(default_text, value, len(body) + 4)
+    return Expression(value, _parse_body(body, value), default, bool(has_default), fallback)
+
+
+def _parse_body(body: str, value: str, start: int = 0) -> Node:
     tokens = _tokenize(body)
     parser = _Parser(tokens, body)
     root = parser.expr()
     if parser.pos < len(tokens):
         kind, text, col = tokens[parser.pos]
-        raise ExpressionError(f"unexpected {text!r} in {value!r}", col)
-    return Expression(value, root, default, bool(has_default))
+        raise ExpressionError(f"unexpected {text!r} in {value!r}", start + col)
+    return root
+
+
+def _fallback(text: str, value: str, col: int) -> Node:
+    """The expression after ' ?? ' (what is not JSON must be one)."""
+    try:
+        return _parse_body(text, value, col)
+    except ExpressionError as err:
+        raise ExpressionError(f"{value!r}: the default after ' ?? ' must be a JSON value (true, false, a number, "
+                              f"\"text\", null) or an expression: {err}", col) from None
 
 
 def _tokenize(body: str) -> list[tuple[str, str, int]]:
@@ -219,6 +257,8 @@ class _Parser:
             if not math.isfinite(value):
                 raise ExpressionError(f"number {text[:20]} in '${{{self.body}}}' is too large for a float", col)
             return Num(value)
+        if kind == "ref" and text in LIST_FUNCTIONS and (nxt := self._peek()) is not None and nxt[1] == "(":
+            return self._list_call(text, col)
         if kind == "ref":
             return _reference(text, col)
         if kind == "func":
@@ -228,6 +268,21 @@ class _Parser:
             return self._closed(col)
         raise ExpressionError(f"unexpected {text!r} in '${{{self.body}}}'", col)
 
+
+    def _list_call(self, name: str, col: int) -> Node:
+        self.pos += 1  # the '('
+        args = [self.expr()]
+        while (tok := self._peek()) is not None and tok[1] == ",":
+            self.pos += 1
+            args.append(self.expr())
+        close = self._peek()
+        if close is None or close[1] != ")":
+            raise ExpressionError(f"{name}( at column {col + 1} of '${{{self.body}}}' is never closed", col)
+        self.pos += 1
+        if len(args) != LIST_FUNCTIONS[name]:
+            raise ExpressionError(f"{name}() takes {LIST_FUNCTIONS[name]} arguments, not {len(args)}, "
+                                  f"in '${{{self.body}}}'", col)
+        return ListCall(name, tuple(args))
 
     def _closed(self, col: int) -> Node:
         """The expression after the '(' at ``col``, and its ')'."""
@@ -251,42 +306,78 @@ def _reference(text: str, col: int) -> Ref:
         return Ref("vocab", parts)
     if head == "source" and len(parts) == 2 and parts[1] in ("repo", "revision", "location"):
         return Ref("source", parts)
-    if head == "source" and len(parts) >= 3 and parts[1] == "config" and all(parts):
-        return Ref("source", parts)  # another source's config file: (NAME, "config", *PATH)
+    if head == "source" and len(parts) >= 2 and parts[1] == "config" and all(parts):
+        return Ref("source", parts)  # another source's config file (NAME, "config", *PATH), or all of it
     if text == "output.dtype":
         return Ref("output", ("dtype",))
     raise ExpressionError(f"unknown reference {text!r}; use {REFERENCE_FORMS}", col)
 
 
-def _number(node: Node, resolve: Callable[[Ref], Any], text: str) -> int | float:
+def _value(node: Node, resolve: Callable[[Ref], Any], text: str, *, whole: bool = True) -> Any:
+    """A reference standing alone yields its value as it is; arithmetic takes numbers and
+    lists of numbers (``_lists``), ``without`` a list and a value."""
     if isinstance(node, Num):
         return node.value
     if isinstance(node, Ref):
         value = resolve(node)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ExpressionError(f"{text}: {node.text()} is {value!r}, not a number")
-        return value
+        return value if whole else _operand(value, node.text(), text)
     if isinstance(node, Neg):
-        return -_number(node.operand, resolve, text)
+        return _lists("-", 0, _value(node.operand, resolve, text, whole=False), text)
+    if isinstance(node, ListCall):
+        items, drop = (_value(arg, resolve, text, whole=False) for arg in node.args)
+        if not isinstance(items, list):
+            raise ExpressionError(f"{text}: {node.name}() takes a list first, not {items!r}")
+        return [x for x in items if x != drop]
     if isinstance(node, Call):
-        operand = _number(node.operand, resolve, text)
+        operand = _value(node.operand, resolve, text, whole=False)
+        if isinstance(operand, list):
+            raise ExpressionError(f"{text}: sqrt takes a number, not the list {operand!r}")
         if operand < 0:
             raise ExpressionError(f"{text}: sqrt of {operand!r}, a negative number")
         return _finite(math.sqrt(operand), text)
-    left, right = _number(node.left, resolve, text), _number(node.right, resolve, text)
-    if node.op == "+":
+    left = _value(node.left, resolve, text, whole=False)
+    return _lists(node.op, left, _value(node.right, resolve, text, whole=False), text)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _operand(value: Any, name: str, text: str) -> int | float | list[int | float]:
+    if isinstance(value, list) and all(map(_is_number, value)):
+        return list(value)
+    if not _is_number(value):
+        kind = "a list of numbers" if isinstance(value, list) else "a number"
+        raise ExpressionError(f"{text}: {name} is {value!r}, not {kind}")
+    return value  # type: ignore[no-any-return]
+
+
+def _lists(op: str, left: Any, right: Any, text: str) -> Any:
+    """``op`` of two numbers, or of each element of a list with a number (``[0, 3] + 1``
+    is ``[1, 4]``): the one list transform a rule needs, no comprehension."""
+    if isinstance(left, list) and isinstance(right, list):
+        raise ExpressionError(f"{text}: {op!r} between two lists; one side must be a number")
+    if isinstance(left, list):
+        return [_binary(op, x, right, text) for x in left]
+    if isinstance(right, list):
+        return [_binary(op, left, x, text) for x in right]
+    return _binary(op, left, right, text)
+
+
+def _binary(op: str, left: int | float, right: int | float, text: str) -> int | float:
+    if op == "+":
         return _finite(left + right, text)
-    if node.op == "-":
+    if op == "-":
         return _finite(left - right, text)
-    if node.op == "*":
+    if op == "*":
         return _finite(left * right, text)
-    if node.op == "**":
+    if op == "**":
         return _power(left, right, text)
     if isinstance(left, float) or isinstance(right, float):
-        raise ExpressionError(f"{text}: {node.op} takes integers, and {left!r} {node.op} {right!r} has a float")
+        raise ExpressionError(f"{text}: {op} takes integers, and {left!r} {op} {right!r} has a float")
     if right == 0:
         raise ExpressionError(f"{text}: division by zero")
-    return left // right if node.op == "//" else left % right
+    return left // right if op == "//" else left % right
 
 
 def _power(base: int | float, exponent: int | float, text: str) -> int | float:

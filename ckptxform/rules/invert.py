@@ -46,6 +46,9 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
     config_fields = _config_fields(rules)
     for rule in rules.tensors:
         try:
+            if rule.source is not None and rule.source != rules.convert:
+                raise NoInverse(f"it takes the tensors of source {rule.source!r} beside the converted source's; "
+                                "the output does not say which source each came from")
             if rule.skip is not None:
                 notes.append(f"not restored: {rule.label} skips {rule.match!r} ({rule.skip})")
                 continue

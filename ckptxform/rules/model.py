@@ -85,6 +85,8 @@ class TensorRule:
     to: tuple[Template, ...] = ()
     ops: tuple[Step, ...] = ()
     tie: str | None = None
+    #: the source whose tensors it matches (None: the ``convert`` source)
+    source: str | None = None
 
     @property
     def label(self) -> str:

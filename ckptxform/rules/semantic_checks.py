@@ -79,6 +79,7 @@ def semantic_problems(m: Merged) -> list[Problem]:
     earlier: list[KeyPattern] = []
     for node in m.tensors:
         rule = node.value if isinstance(node.value, dict) else {}
+        check_ref(node, ("source",), "source", sources)
         if isinstance(rule.get("key"), str):
             parsed = parse_template_rule(rule, node.where)
             for sub, problem in parsed.problems:

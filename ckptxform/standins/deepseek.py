@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ckptxform.errors import UsageError
 
-__all__ = ["KIMI_K2_TEXT", "DeepseekV3Dims", "Module", "deepseek_v3_fields", "text_modules"]
+__all__ = ["KIMI_K2_TEXT", "DeepseekV3Dims", "Module", "deepseek_v3_fields", "nextn_modules", "text_modules"]
 
 #: how a module's weight is stored: a linear layer (may be quantized), a norm, the router
 Kind = Literal["linear", "norm", "router", "embedding"]
@@ -120,6 +120,20 @@ def text_modules(dims: DeepseekV3Dims, prefix: str = "model.") -> tuple[list[Mod
     return ([Module(f"{prefix}embed_tokens", (dims.vocab, h), "embedding")],
             [layer(i) for i in range(dims.layers)],
             [Module(f"{prefix}norm", (h,), "norm"), Module(lm_head, (dims.vocab, h), "embedding")])
+
+
+def nextn_modules(dims: DeepseekV3Dims, prefix: str = "model.") -> list[Module]:
+    """DeepSeek-V3's multi-token-prediction block, kept as one more decoder layer
+    ``model.layers.{num_hidden_layers}``: a MoE layer plus ``enorm``/``hnorm`` (the token
+    embedding's and the hidden state's norms), ``eh_proj`` [hidden, 2*hidden] and its own
+    ``embed_tokens`` and ``shared_head.{norm,head}`` (copies of the main model's). eh_proj
+    is kept unquantized here (UNVERIFIED for the FP8 releases)."""
+    n, h = dims.layers, dims.hidden
+    layer = text_modules(dataclasses.replace(dims, layers=n + 1), prefix)[1][-1]
+    p = f"{prefix}layers.{n}"
+    return [Module(f"{p}.embed_tokens", (dims.vocab, h), "embedding"), Module(f"{p}.enorm", (h,), "norm"),
+            Module(f"{p}.hnorm", (h,), "norm"), Module(f"{p}.eh_proj", (h, 2 * h), "embedding"), *layer,
+            Module(f"{p}.shared_head.norm", (h,), "norm"), Module(f"{p}.shared_head.head", (dims.vocab, h), "embedding")]
 
 
 def deepseek_v3_fields(dims: DeepseekV3Dims) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
+from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
 from ckptxform.standins.gpt_oss import build_gpt_oss
@@ -29,8 +30,9 @@ from ckptxform.standins.hf_models import (
     build_moe,
     build_phi3,
 )
+from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
-from ckptxform.standins.quantized import build_kimi_k2
+from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 
@@ -85,6 +87,27 @@ def _full_vocab_drafter(root: Path) -> dict[str, str]:
 def _full_vocab_mla_drafter(root: Path) -> dict[str, str]:
     drafter = build_mla_drafter(root / "kimi-k2.5-eagle3-mla", KIMI_K25_MLA_TINY, seed=10)
     return {"drafter": str(drafter.path), "vocab": _k25_vocab(root)}
+
+
+def _dflash(root: Path) -> dict[str, str]:
+    return {"model": str(build_dflash_drafter(root / "Qwen3-8B-DFlash-b16").path),
+            "verifier": str(build_qwen3_verifier(root / "Qwen3-8B").path)}
+
+
+def _mtp_graft(root: Path) -> dict[str, str]:
+    """A verifier, and its MTP layer with other (fine-tuned) values as a standalone drafter:
+    what mtp_extract writes of it, which is what speculators' converter writes."""
+    from ckptxform import api
+
+    verifier = build_qwen3_next_verifier(root / "Qwen3-Next-80B-A3B-Instruct").path
+    tuned = build_qwen3_next_verifier(root / "tuned" / "verifier", mtp_seed=1).path
+    drafter = api.apply("mtp_extract", out=root / "Qwen3-Next-80B-A3B-Instruct-mtp-finetuned",
+                        sources={"verifier": str(tuned)}, progress=False).out
+    return {"drafter": str(drafter), "verifier": str(verifier)}
+
+
+def _model_as(name: str, path: Path | str) -> dict[str, str]:
+    return {name: str(path)}
 
 
 def _model(path: Path | str) -> dict[str, str]:
@@ -200,6 +223,25 @@ STANDINS: dict[str, RuleStandin] = {
         "RedHatAI/*-NVFP4 (llm-compressor), nvidia/*-FP4 (ModelOpt)",
         "compressed-tensors' decompress (llm-compressor outputs) and ModelOpt's dequantize (its exports), "
         "bit for bit"),
+    "mtp_extract": RuleStandin(
+        lambda root: {"verifier": str(build_qwen3_next_verifier(root / "Qwen3-Next-80B-A3B-Instruct").path)},
+        "a verifier's own MTP layer (mtp.*)", "standalone MTP drafter (speculators layout)",
+        "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 (mtp.* keys)",
+        "speculators 0.9's MTPConverter, tensor for tensor and field for field; speculators loads it"),
+    "dflash_to_speculators": RuleStandin(
+        _dflash, "z-lab DFlash drafter", "speculators DFlash layout (aux ids + 1)",
+        "z-lab/Qwen3-8B-DFlash-b16 and the other z-lab DFlash drafters",
+        "speculators 0.9's DFlashConverter, tensor for tensor and field for field; speculators loads it"),
+    "mtp_graft": RuleStandin(
+        _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
+        "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",
+        "grafting speculators' own extraction back gives the verifier byte for byte"),
+    "deepseek_nextn_extract": RuleStandin(
+        lambda root: _model_as("verifier", build_kimi_k2(root / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8,
+                                                         nextn=True).path),
+        "DeepSeek-V3 MTP block (model.layers.61.*)", "SGLang's standalone NextN layer (model.layers.0.*)",
+        "deepseek-ai/DeepSeek-V3, DeepSeek-R1 (FP8 kept)",
+        "the keys, bytes and config SGLang's export_deepseek_nextn.py writes"),
 }
 
 

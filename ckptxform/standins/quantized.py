@@ -18,18 +18,27 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ckptxform.errors import UsageError
 from ckptxform.standins.configs import int4_quantization_config
-from ckptxform.standins.deepseek import KIMI_K2_TEXT, DeepseekV3Dims, Module, deepseek_v3_fields, text_modules
+from ckptxform.standins.deepseek import (
+    KIMI_K2_TEXT,
+    DeepseekV3Dims,
+    Module,
+    deepseek_v3_fields,
+    nextn_modules,
+    text_modules,
+)
 from ckptxform.standins.shards import balanced_runs, write_sharded
 from ckptxform.standins.tensors import BuiltCheckpoint, derive_seed, numpy_dtype_named, write_json
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["KIMI_K2_FP8_TINY", "build_kimi_k2", "fp8_block_quantized", "int4_group_quantized",
+__all__ = ["DEEPSEEK_V3_61_TINY", "KIMI_K2_FP8_TINY", "build_kimi_k2", "fp8_block_quantized", "int4_group_quantized",
            "module_sizes", "module_tensors", "routed_expert"]
 
 #: Kimi-K2-Instruct at 1/16 of its widths (FP8 block 8 keeps the real block grid)
 KIMI_K2_FP8_TINY = KIMI_K2_TEXT.scaled(16, layers=3, routed_experts=4, experts_per_token=2, vocab=2048)
+#: DeepSeek-V3 / Kimi-K2 with all 61 layers (the MTP block is layer 61), at 1/32 of the widths
+DEEPSEEK_V3_61_TINY = KIMI_K2_TEXT.scaled(32, layers=61, routed_experts=2, experts_per_token=1, vocab=512)
 
 _E4M3_MAX = 448.0
 
@@ -132,7 +141,7 @@ def routed_expert(module: Module) -> bool:
 
 def build_kimi_k2(out_dir: str | Path, dims: DeepseekV3Dims = KIMI_K2_FP8_TINY, *,
                   quantization: Literal["fp8", "int4"] = "fp8", block: tuple[int, int] | None = None,
-                  group: int = 32, num_shards: int = 61, seed: int = 0) -> BuiltCheckpoint:
+                  group: int = 32, num_shards: int = 61, seed: int = 0, nextn: bool = False) -> BuiltCheckpoint:
     """A Kimi-K2 text checkpoint, quantized as one of the real repos:
 
     - ``"fp8"``: moonshotai/Kimi-K2-Instruct. Every linear weight FP8 e4m3 with a float32
@@ -144,6 +153,8 @@ def build_kimi_k2(out_dir: str | Path, dims: DeepseekV3Dims = KIMI_K2_FP8_TINY, 
       ``compressed-tensors``.
 
     Embeddings, norms, routers and lm_head are BF16, ``e_score_correction_bias`` float32.
+    ``nextn`` adds DeepSeek-V3's MTP block as layer ``num_hidden_layers`` (``nextn_modules``)
+    and ``num_nextn_predict_layers: 1``.
     Shards are ``model-1-of-61.safetensors`` ... (unpadded numbers, as Kimi-K2-Instruct
     names them) with an index.
 
@@ -157,7 +168,7 @@ def build_kimi_k2(out_dir: str | Path, dims: DeepseekV3Dims = KIMI_K2_FP8_TINY, 
         block = (side, side)
     out = Path(out_dir)
     first, layers, last = text_modules(dims)
-    ordered = [*first, *(m for layer in layers for m in layer), *last]
+    ordered = [*first, *(m for layer in layers for m in layer), *last, *(nextn_modules(dims) if nextn else [])]
 
     def fmt(m: Module) -> str:
         return quantization if quantization == "fp8" or routed_expert(m) else "plain"
@@ -168,7 +179,8 @@ def build_kimi_k2(out_dir: str | Path, dims: DeepseekV3Dims = KIMI_K2_FP8_TINY, 
     names = [f"model-{i + 1}-of-{num_shards}.safetensors" for i in range(num_shards)]
     written = write_sharded(out, names, modules, lambda sizes: balanced_runs(sizes, num_shards))
     quant = fp8_quantization_config(block) if quantization == "fp8" else int4_quantization_config(group)
-    write_json(out / "config.json", {**deepseek_v3_fields(dims), "quantization_config": quant})
+    write_json(out / "config.json", {**deepseek_v3_fields(dims), "quantization_config": quant,
+                                     **({"num_nextn_predict_layers": 1} if nextn else {})})
     return BuiltCheckpoint(path=out, dims=dims, target_ids=None, keys=tuple(sorted(written.weight_map)),
                            shapes=written.shapes, dtypes=written.dtypes,
                            files=tuple(sorted(["config.json", "model.safetensors.index.json", *names])))

@@ -4,6 +4,7 @@ of a Llama-3.1 verifier that a drafter's consumer reads."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ckptxform.errors import UsageError
 from ckptxform.standins.configs import int4_quantization_config, kimi_k25_config, llama_fields
@@ -20,7 +21,7 @@ from ckptxform.standins.tensors import (
     write_json,
 )
 
-__all__ = ["build_kimi_k25_verifier", "build_llama_verifier", "int4_group_size", "kimi_k25_text_dims"]
+__all__ = ["build_kimi_k25_verifier", "build_llama_verifier", "build_verifier_head", "int4_group_size", "kimi_k25_text_dims"]
 
 
 def build_kimi_k25_verifier(out_dir: str | Path, dims: DrafterDims, *, num_shards: int = 64,
@@ -111,16 +112,25 @@ def build_llama_verifier(out_dir: str | Path, dims: DrafterDims = LLAMA31_8B_TIN
     ``model.norm.weight`` and ``lm_head.weight`` in one ``model.safetensors``, with the
     verifier's ``LlamaForCausalLM`` config.json (``verifier_layers`` layers, whose
     weights are left out: no drafter conversion or consumer reads them)."""
-    vh, d = dims.verifier_hidden, dims.dtype
-    specs = [TensorSpec("model.embed_tokens.weight", (dims.vocab, vh), d, "linear"),
-             TensorSpec("model.norm.weight", (vh,), d, "norm"),
-             TensorSpec("lm_head.weight", (dims.vocab, vh), d, "linear")]
+    vh = dims.verifier_hidden
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **llama_fields(dims),
+              "hidden_size": vh, "num_hidden_layers": dims.verifier_layers,
+              "torch_dtype": dims.dtype}
+    return build_verifier_head(out_dir, dims, vocab=dims.vocab, hidden=vh, config=config, seed=seed)
+
+
+def build_verifier_head(out_dir: str | Path, dims: Any, *, vocab: int, hidden: int, config: dict[str, Any],
+                        seed: int) -> BuiltCheckpoint:
+    """The parts of a verifier a drafter's consumer reads: ``model.embed_tokens.weight``,
+    ``model.norm.weight`` and ``lm_head.weight`` in one ``model.safetensors`` (in
+    ``dims.dtype``), beside its ``config``."""
+    d = dims.dtype
+    specs = [TensorSpec("model.embed_tokens.weight", (vocab, hidden), d, "linear"),
+             TensorSpec("model.norm.weight", (hidden,), d, "norm"),
+             TensorSpec("lm_head.weight", (vocab, hidden), d, "linear")]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {s.key: seeded_values(s, seed) for s in specs}
     save_safetensors(tensors, out / "model.safetensors")
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **llama_fields(dims),
-              "hidden_size": vh, "num_hidden_layers": dims.verifier_layers,
-              "torch_dtype": dims.dtype}
     write_json(out / "config.json", config)
     return built_checkpoint(out, dims, None, tensors, ["config.json", "model.safetensors"])

@@ -1,7 +1,8 @@
 """Build the output ``config.json`` from a rule file's ``config`` section.
 
-Start from a source's config (``from``), keep/rename/delete fields, then ``set`` values,
-where a string ``${...}`` is a reference resolved here, so no dimension is hard-coded
+Start from a source's config (``from``), keep/rename/delete fields, then ``set`` values
+(``delete`` applies to what ``set`` wrote as well: ``transformer_layer_config:
+${source.model.config}`` less the fields a consumer does not want there), where a string ``${...}`` is a reference resolved here, so no dimension is hard-coded
 and the same rule serves real checkpoints and small stand-ins. ``${config.PATH ?? JSON}``
 falls back to the JSON value when the source's config has no PATH (a flag whose default
 differs between the tools that read the source and the output: write it explicitly).
@@ -63,6 +64,8 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
 
     for path, value, where in spec.set:
         _set(out, path, resolve(value, f"config.set.{path} ({where.short})"))
+    for path in spec.delete:  # again: from a whole config `set` under a key, too
+        _delete(out, path)
     if rules.output.dtype is not None:
         _say_dtype(out, rules.output.dtype)
     return out

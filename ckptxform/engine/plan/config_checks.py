@@ -42,6 +42,9 @@ _HEADS = (
     ("num_attention_heads", _LAYER + r"self_attn\.o_proj\.weight", 1),
     ("num_key_value_heads", _LAYER + r"self_attn\.(?:k_proj|v_proj)\.weight", 0),
 )
+#: models whose q_proj also makes the attention output's gate: twice the rows (Qwen3-Next;
+#: Qwen3.5 says so with attn_output_gate)
+_GATED_ATTENTION = ("qwen3_next",)
 _ROUTER = _LAYER + r"(?:mlp|block_sparse_moe)\.gate\.weight"
 _FUSED_EXPERTS = _LAYER + r"mlp\.experts\.(?:gate_up_proj|down_proj)"
 _EXPERT_KEY = re.compile(_LAYER + r"(?:mlp|block_sparse_moe)\.experts\.([0-9]+)\.")
@@ -86,9 +89,13 @@ def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan],
         head_dim = hidden // heads
     kv_heads = _int(config, "num_key_value_heads")
     counts = {"num_attention_heads": heads, "num_key_value_heads": heads if kv_heads is None else kv_heads}
+    gated = config.get("attn_output_gate") is True or config.get("model_type") in _GATED_ATTENTION
     for name, pattern, dim in _HEADS:
         label = f"{name} x head_dim ({counts[name]} x {head_dim})"
-        yield from _disagreements(label, counts[name] * head_dim, pattern, dim, outputs, keys)
+        rows = counts[name] * head_dim
+        if gated and pattern.endswith("q_proj\\.weight"):
+            label, rows = f"2 x {label} (q_proj also gates the attention output)", 2 * rows
+        yield from _disagreements(label, rows, pattern, dim, outputs, keys)
 
 
 def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:

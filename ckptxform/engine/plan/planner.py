@@ -118,6 +118,8 @@ def needed_sources(rules: RuleSet) -> list[str]:
             names.add(spec.source)
     for rule in rules.tensors:
         names.update(rule.sources())
+        if rule.source:
+            names.add(rule.source)
     for entry in rules.add.values():
         if entry.source:
             names.add(entry.source)
@@ -126,6 +128,12 @@ def needed_sources(rules: RuleSet) -> list[str]:
     names.update(rule.source for rule in rules.file_rules)
     names.update(config_sources(rules))
     return [name for name in rules.sources if name in names]
+
+
+def _matched_sources(rules: RuleSet) -> list[str]:
+    """The converted source, then each other source a tensor rule names (``source:``)."""
+    assert rules.convert is not None
+    return [rules.convert, *dict.fromkeys(r.source for r in rules.tensors if r.source and r.source != rules.convert)]
 
 
 class _Planner:
@@ -147,7 +155,8 @@ class _Planner:
         if self.rules.convert is None:
             raise PlanError(f"{self.rules.path}: no 'convert' source; name the source the rules convert")
         self._load_vocab_maps()
-        self._plan_converted_source()
+        for source in _matched_sources(self.rules):
+            self._plan_matched_source(source)
         for entry in self.rules.add.values():
             self._plan_add(entry)
         self._check_ties()
@@ -241,17 +250,17 @@ class _Planner:
         return References(self.rules, self.ckpts, self.vocab, ckpt.config(config_file),
                           f"the {config_file} of source {source!r} ({ckpt.location})")
 
-    # -- the converted source ------------------------------------------------------------
-    def _plan_converted_source(self) -> None:
-        source = self.rules.convert
-        assert source is not None
+    # -- the converted source (and any other a tensor rule names) --------------------------
+    def _plan_matched_source(self, source: str) -> None:
+        """Every tensor of ``source`` through the first of its rules that matches it."""
         ckpt = self.ckpts[source]
+        rules = [r for r in self.rules.tensors if (r.source or self.rules.convert) == source]
         matched: dict[int, int] = {}
         unmatched: list[str] = []
         grouped: dict[int, list[TensorInfo]] = {}
         for key, info in ckpt.tensors.items():
             self.files_opened.setdefault(source, set()).add(info.file)
-            rule = next((r for r in self.rules.tensors if r.pattern.fullmatch(key)), None)
+            rule = next((r for r in rules if r.pattern.fullmatch(key)), None)
             if rule is None:
                 if self.rules.require.strict:
                     unmatched.append(key)
@@ -274,7 +283,7 @@ class _Planner:
         for index, members in grouped.items():
             self._plan_rule(source, self.rules.tensors[index], members)
         keys = list(ckpt.tensors)
-        for rule in self.rules.tensors:
+        for rule in rules:
             # A rule overridden by an earlier one (a child file's, under extends) matches
             # keys but takes none: that is intended, not worth a warning.
             if rule.index not in matched and not rule.optional and not any(map(rule.pattern.fullmatch, keys)):
@@ -307,7 +316,8 @@ class _Planner:
                 said.update((info.key, planned.reason) for info in planned.members)
             dtype = self._out_dtype(planned.dtype, rule.cast)
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
-                                        rule.where.short, loaded=planned.recipe.carries_bytes_of(source)),
+                                        rule.where.short,
+                                        loaded=source == self.rules.convert and planned.recipe.carries_bytes_of(source)),
                              f"{rule.label}" + (f" (from {source}:{printable(planned.members[0].key)})"
                                                  if planned.members else ""))
             for info in planned.members:

@@ -47,12 +47,16 @@ class References:
         if not isinstance(value, str) or not value.startswith("${"):
             return value
         expression = parse_expression(value)
+
+        def resolve(ref: Ref) -> Any:
+            return self.resolve(ref, where, value)
         try:
-            return expression.evaluate(lambda ref: self.resolve(ref, where, value))
-        except _AbsentField:
-            if expression.has_default:
-                return copy.deepcopy(expression.default)
-            raise
+            try:
+                return expression.evaluate(resolve)
+            except _AbsentField:
+                if expression.has_default:
+                    return expression.evaluate_default(resolve)
+                raise
         except ExpressionError as err:
             raise PlanError(f"{where}: {err}") from None
 
@@ -129,10 +133,14 @@ class References:
     def _source_config(self, name: str, path: str, where: str, text: str) -> Any:
         """A field of source ``name``'s config file (the planner opened the source)."""
         spec, ckpt = self.rules.sources[name], self.ckpts[name]
-        value = get_path(ckpt.config(spec.config_file) or {}, path)
+        found = ckpt.config(spec.config_file)
+        if not path and found is not None:  # ${source.NAME.config}: all of it
+            return copy.deepcopy(found)
+        value = get_path(found or {}, path) if path else MISSING
         if value is MISSING:
             raise _AbsentField(f"{where}: {text}: the {spec.config_file} of source {name!r} ({ckpt.location}) has "
-                               f"no field {path!r}; add it there, or write the value in the rule file",
+                               f"no field {path!r}; add it there, or write the value in the rule file" if path else
+                               f"{where}: {text}: source {name!r} ({ckpt.location}) has no {spec.config_file}; add one",
                                source=name)
         return copy.deepcopy(value)
 
