@@ -153,6 +153,7 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 #: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
+
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
                     "mtp_graft.yaml")
