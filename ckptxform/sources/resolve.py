@@ -60,9 +60,7 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
             path=location,
             source=name,
         )
-    from .local import open_local
-
-    return open_local(location, name=name)
+    return _open_path(location, name)
 
 
 def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint:
@@ -73,8 +71,6 @@ def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint
         return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch,
                         location=spec.location, require_pinned=require_pinned)
     if spec.override is None and spec.path is not None:
-        from .local import open_local
-
         if not Path(spec.path).exists():
             raise SourceNotFoundError(
                 f"source {spec.name!r} ({spec.where.short}): path {spec.path!r} does not exist; "
@@ -82,7 +78,7 @@ def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint
                 path=spec.path,
                 source=spec.name,
             )
-        return open_local(spec.path, name=spec.name)
+        return _open_path(spec.path, spec.name)
     return open_location(spec.location, name=spec.name, fetch=spec.fetch, require_pinned=require_pinned)
 
 
@@ -101,6 +97,21 @@ def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -
             ckpt.close()
         raise failed
     return opened
+
+
+def _open_path(path: str, name: str | None) -> Checkpoint:
+    """A local checkpoint: a DCP directory (``.metadata`` + ``*.distcp``) or safetensors/.bin files."""
+    from .dcp import is_dcp_dir
+
+    if is_dcp_dir(Path(path)):
+        from .dcp import open_dcp
+
+        return open_dcp(path, name=name)
+    from .local import has_weights, open_assets, open_local
+
+    if Path(path).is_dir() and not has_weights(Path(path)) and (Path(path) / "config.json").is_file():
+        return open_assets(path, name=name)  # config.json + tokenizer files only (torchtitan's hf_assets)
+    return open_local(path, name=name)
 
 
 def _split_fetch_option(location: str) -> tuple[str, str | None]:
