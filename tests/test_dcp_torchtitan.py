@@ -126,3 +126,34 @@ def test_training_state_is_skipped_with_its_reason_and_the_model_loads_in_transf
         want = titan_model(tokens)
         got = model(tokens).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_0_2_rule_is_to_hf_on_the_same_tensors_under_0_3_names(tmp_path: Path, run_cli: Any) -> None:
+    """torchtitan 0.2 named the projections attention.wq/wk/wv and the head output.weight;
+    its rule equals 0.3's adapter on the same tensors renamed, bit for bit (bf16, GQA)."""
+    pytest.importorskip("torchtitan", reason=REFERENCE)
+    from safetensors.torch import load_file
+    from titan_fixture import DIMS
+
+    from ckptxform.standins.dcp_checkpoints import build_torchtitan_llama
+    from ckptxform.standins.hf_models import LM_TINY as d
+
+    sources = build_torchtitan_llama(tmp_path / "src", layout="0.2", seed=3)
+    out = tmp_path / "hf"
+    done = run_cli("apply", REPO / "rules" / "torchtitan_0_2_llama_to_hf.yaml", "--source", f"model={sources['model']}",
+                   "--source", f"hf_assets={sources['hf_assets']}", "--out", out)
+    assert done.returncode == 0, done.stderr
+    renamed = {k.replace(".attention.w", ".attention.qkv_linear.w").replace("qkv_linear.wo", "wo")
+               .replace("output.weight", "lm_head.weight"): v for k, v in _dcp_load(Path(sources["model"])).items()}
+    dims = {**DIMS, "dim": d.hidden, "n_heads": d.heads, "n_kv_heads": d.kv_heads, "n_layers": d.layers,
+            "vocab": d.vocab, "hidden": d.intermediate}
+    from titan_fixture import install_kernel_stub, model_config
+
+    install_kernel_stub()
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    want = Llama3StateDictAdapter(model_config(dims), None).to_hf(renamed)
+    got = load_file(str(out / "model.safetensors"))
+    assert sorted(got) == sorted(want) and len(want) == 3 + 9 * d.layers
+    for key, tensor in want.items():
+        assert torch.equal(_bits(got[key]), _bits(tensor)), key
