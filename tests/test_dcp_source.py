@@ -171,3 +171,38 @@ def test_overlapping_chunks_and_a_gap_are_refused(tmp_path: Path, shift: int, wo
     done = run_cli("apply", rule, "--source", f"model={path}", "--out", tmp_path / "out")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert message in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_inspect_says_the_kind_and_lists_a_dcp_directory_from_its_metadata(tmp_path: Path, run_cli: Any) -> None:
+    import json
+
+    path = two_ranks(tmp_path, "w", torch.randn(6, 4), 0, 3)
+    meta = _metadata(path)
+    (path / "__0_0.distcp").write_bytes(b"")  # never opened: the metadata alone is listed
+    done = run_cli("inspect", path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == [f"{path}: torch.distributed.checkpoint (DCP) (2 .distcp file(s))",
+                                            "  w  F32   [6, 4]           __0_0.distcp +1"]
+    assert meta.state_dict_metadata["w"].size == torch.Size([6, 4])
+    (path / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
+    save = tmp_path / "megatron"
+    save.mkdir()
+    path.rename(save / "iter_0000020")
+    (save / "latest_checkpointed_iteration.txt").write_text("20\n")
+    data = json.loads(run_cli("inspect", "--json", save).stdout)
+    assert (data["kind"], data["kind_detail"]) == (
+        "torch_dist", f"latest iteration '20': {save / 'iter_0000020'}, 2 .distcp file(s)")
+    assert [t["key"] for t in data["tensors"]] == ["w"]
+
+
+def test_kinds_are_told_apart_by_file_names_alone(tmp_path: Path) -> None:
+    from ckptxform.sources.kind import detect_kind
+
+    for name, files, kind in [("meta", ["consolidated.00.pth", "consolidated.01.pth", "params.json"], "consolidated"),
+                              ("hf", ["model-00001-of-00002.safetensors", "config.json"], "safetensors"),
+                              ("bin", ["pytorch_model.bin"], "bin"), ("assets", ["config.json"], "assets")]:
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_bytes(b"")
+        assert detect_kind(tmp_path / name).kind == kind, name
+    assert detect_kind(tmp_path / "meta").detail == "MP=2, params.json"

@@ -112,6 +112,44 @@ def open_dcp(path: str | Path, *, name: str | None = None, location: str | None 
                                   path=str(where), source=name) from None
 
 
+@dataclass(frozen=True)
+class DcpListing:
+    """A DCP directory's keys as its ``.metadata`` alone says them (``ckptxform inspect``):
+    no chunk is opened. A tensor's ``file`` is its first chunk's, ``offset`` -1."""
+
+    location: str
+    files: tuple[str, ...]
+    tensors: dict[str, TensorInfo]
+    unread: tuple[Unread, ...]
+    revision: None = None
+    commit: None = None
+
+    def __enter__(self) -> DcpListing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def list_dcp(path: str | Path) -> DcpListing:
+    root = Path(path)
+    index = read_dcp_metadata(root)
+    tensors, unread = {}, []
+    for key, tensor in index.tensors.items():
+        dtype = _dtype_or_torch(tensor.torch_dtype)
+        reason = training_state_reason(key)
+        if reason is not None:
+            unread.append(Unread(key, dtype, tensor.shape, reason))
+            continue
+        size = nbytes(dtype, tensor.shape) if dtype in DTYPE_SIZES else 0
+        held = sorted({c.file for c in tensor.chunks})
+        where = held[0] if len(held) == 1 else f"{held[0]} +{len(held) - 1}" if held else ""
+        tensors[key] = TensorInfo(key, dtype, tensor.shape, where, -1, size)
+    unread += [Unread(key, "object", (), training_state_reason(key) or "a pickled Python object") for key in index.objects]
+    files = sorted({c.file for t in index.tensors.values() for c in t.chunks})
+    return DcpListing(str(path), tuple(files), tensors, tuple(unread))
+
+
 def training_state_reason(key: str) -> str | None:
     """Why entry ``key`` of a trainer's checkpoint is not a model weight, or None."""
     head = key.split(".", 1)[0]

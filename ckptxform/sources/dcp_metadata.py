@@ -26,6 +26,7 @@ METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
 _WHAT = "a DCP .metadata file"
 _DCP = "torch.distributed.checkpoint.metadata"
+_PLANNER = "torch.distributed.checkpoint.planner"
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,12 @@ ALLOWED: dict[tuple[str, str], Any] = {
     (_DCP, "StorageMeta"): _StorageMeta,
     (_DCP, "_MEM_FORMAT_ENCODING"): int,
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    # Megatron-Core's torch_dist saves cache every rank's save plan in the metadata
+    # (``all_local_plans``): torch's plan classes, kept as plain records, never used
+    (_PLANNER, "SavePlan"): Record,
+    (_PLANNER, "WriteItem"): Record,
+    (_PLANNER, "WriteItemType"): int,
+    (_PLANNER, "TensorWriteData"): Record,
     ("torch", "Size"): _size,
     ("torch.serialization", "_get_layout"): str,
     ("collections", "OrderedDict"): dict,

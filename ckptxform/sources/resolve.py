@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ..errors import PathEncodingError, SourceNotFoundError, UsageError, quote
 from ..fileio import is_utf8
@@ -97,6 +98,25 @@ def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -
             ckpt.close()
         raise failed
     return opened
+
+
+def inspect_location(location: str) -> tuple[Any, Any]:
+    """What ``ckptxform inspect`` lists, and the kind of a local checkpoint: a DCP or
+    torch_dist directory from its ``.metadata`` alone (``DcpListing``), a Megatron-LM save
+    directory through the iteration it points at, anything else opened from its headers."""
+    from .kind import detect_kind, megatron_iteration
+
+    if location.startswith("hf://") or not Path(location).exists():
+        return open_location(location), None
+    kind = detect_kind(Path(location))
+    if kind.kind == "megatron":
+        inner = detect_kind(megatron_iteration(Path(location)))
+        kind = type(kind)(inner.kind, inner.path, f"{kind.detail}: {inner.path}" + (f", {inner.detail}" if inner.detail else ""))
+    if kind.kind in ("dcp", "torch_dist"):
+        from .dcp import list_dcp
+
+        return list_dcp(kind.path), kind
+    return open_location(kind.path), kind
 
 
 def _open_path(path: str, name: str | None) -> Checkpoint:
