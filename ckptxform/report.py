@@ -198,7 +198,8 @@ def inspect_text(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = No
     if data["not_weights"]:  # a trainer's optimizer state, scheduler, dataloader...: counted by entry
         heads: dict[str, int] = {}
         for entry in data["not_weights"]:
-            head = "*._extra_state" if entry["key"].endswith("_extra_state") else entry["key"].split(".", 1)[0]
+            extra = entry["key"].rsplit(".", 1)[-1].startswith("_extra_state")
+            head = "*._extra_state" if extra else entry["key"].split(".", 1)[0]
             heads[head] = heads.get(head, 0) + 1
         lines.append(f"not weights, never read ({len(data['not_weights'])}): "
                      + ", ".join(f"{printable(h)} ({n})" for h, n in heads.items()))

@@ -50,8 +50,8 @@ SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
 #: rules (MoE fusing, Meta/Phi-3/GPT-2 layouts, tying) are run against transformers in
 #: test_structural_library
 #: rules for a trainer's own checkpoints, run on checkpoints the trainers write in
-#: test_dcp_torchtitan
-TRAINER_RULES = ("torchtitan_0_2_llama_to_hf.yaml", "torchtitan_llama_to_hf.yaml")
+#: test_dcp_torchtitan and test_dcp_megatron
+TRAINER_RULES = ("megatron_gpt_to_hf.yaml", "torchtitan_0_2_llama_to_hf.yaml", "torchtitan_llama_to_hf.yaml")
 DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES) - set(OWN_REFERENCE_RULES) - set(TRAINER_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 

@@ -98,11 +98,13 @@ class DcpCheckpoint(LocalCheckpoint):
                                       path=str(self.root), source=self.name) from None
 
 
-def open_dcp(path: str | Path, *, name: str | None = None, location: str | None = None) -> DcpCheckpoint:
-    """Index the DCP checkpoint in directory ``path`` from its metadata and chunk headers."""
+def open_dcp(path: str | Path, *, name: str | None = None, location: str | None = None,
+             cls: type[DcpCheckpoint] = DcpCheckpoint) -> DcpCheckpoint:
+    """Index the DCP checkpoint in directory ``path`` from its metadata and chunk headers
+    (``cls``: a subclass that reads more, Megatron's torch_dist)."""
     root = Path(path)
     try:
-        return _open(root, location or str(path), name)
+        return _open(root, location or str(path), name, cls)
     except CkptxformError as err:
         err.source = err.source or name
         raise
@@ -155,12 +157,12 @@ def training_state_reason(key: str) -> str | None:
     head = key.split(".", 1)[0]
     if head in TRAINING_STATE:
         return f"{TRAINING_STATE[head]} saved by the trainer (entry {head!r}): not a model weight, never read"
-    if key.endswith("_extra_state"):
+    if key.rsplit(".", 1)[-1].startswith("_extra_state"):  # Megatron's: "...linear_qkv._extra_state/shard_0_2"
         return "a module's extra state (e.g. TransformerEngine's FP8 scaling metadata): not a weight, never read"
     return None
 
 
-def _open(root: Path, location: str, name: str | None) -> DcpCheckpoint:
+def _open(root: Path, location: str, name: str | None, cls: type[DcpCheckpoint]) -> DcpCheckpoint:
     pins: dict[str, FilePin] = {METADATA: pin_path(root / METADATA)}
     index = read_dcp_metadata(root)
     unread = [Unread(key, "object", (), training_state_reason(key) or "a pickled Python object, not a tensor: never read")
@@ -186,7 +188,7 @@ def _open(root: Path, location: str, name: str | None) -> DcpCheckpoint:
         for fd in descriptors.values():
             os.close(fd)
     ordered = dict(sorted(tensors.items(), key=lambda kv: (kv[1].file, _first_place(kv[0], kv[1], chunked))))
-    return DcpCheckpoint(location=location, name=name, root=root, tensors=ordered, files=tuple(files),
+    return cls(location=location, name=name, root=root, tensors=ordered, files=tuple(files),
                          pins=pins, chunked=chunked, unread=tuple(unread), index=index)
 
 

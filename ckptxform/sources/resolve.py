@@ -120,10 +120,16 @@ def inspect_location(location: str) -> tuple[Any, Any]:
 
 
 def _open_path(path: str, name: str | None) -> Checkpoint:
-    """A local checkpoint: a DCP directory (``.metadata`` + ``*.distcp``) or safetensors/.bin files."""
-    from .dcp import is_dcp_dir
+    """A local checkpoint: a DCP directory (``.metadata`` + ``*.distcp``), Megatron's torch_dist
+    (an iteration directory, or a save directory pointing at one), or safetensors/.bin files."""
+    from .kind import detect_kind
 
-    if is_dcp_dir(Path(path)):
+    kind = detect_kind(Path(path)).kind if Path(path).is_dir() else None
+    if kind in ("torch_dist", "megatron"):
+        from .torch_dist import open_torch_dist
+
+        return open_torch_dist(path, name=name)
+    if kind == "dcp":
         from .dcp import open_dcp
 
         return open_dcp(path, name=name)

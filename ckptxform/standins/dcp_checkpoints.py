@@ -74,3 +74,50 @@ def build_torchtitan_llama(root: str | Path, dims: LmDims = LM_TINY, *, seed: in
                                                        mlp_bias=False))
     write_json(assets / "generation_config.json", _GENERATION)
     return {"model": str(model), "hf_assets": str(assets)}
+
+
+def build_megatron_gpt(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0) -> dict[str, str]:
+    """A Megatron-LM save directory in the torch_dist layout megatron-core's
+    ``dist_checkpointing.save`` writes (tests/megatron_fixture.py saves a real one): the
+    layers' tensors stacked over dim 0 under Megatron's names, ``_extra_state`` objects,
+    ``metadata.json``, and the training ``args`` in ``common.pt``; one rank."""
+    import argparse
+    import json
+    import warnings
+
+    from ckptxform.ops.decode import require_torch
+
+    torch = require_torch("the torch_dist stand-ins (torch.distributed.checkpoint.save)")
+    import torch.distributed.checkpoint as dcp
+
+    d, layers = dims, dims.layers
+    qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
+    specs = [TensorSpec("embedding.word_embeddings.weight", (d.vocab, d.hidden), "float32", "linear"),
+             TensorSpec("decoder.final_layernorm.weight", (d.hidden,), "float32", "norm"),
+             TensorSpec("output_layer.weight", (d.vocab, d.hidden), "float32", "linear"),
+             TensorSpec("decoder.layers.self_attention.linear_qkv.weight", (layers, qkv, d.hidden), "float32", "linear"),
+             TensorSpec("decoder.layers.self_attention.linear_qkv.layer_norm_weight", (layers, d.hidden), "float32",
+                        "norm"),
+             TensorSpec("decoder.layers.self_attention.linear_proj.weight", (layers, d.hidden, d.hidden), "float32",
+                        "linear"),
+             TensorSpec("decoder.layers.mlp.linear_fc1.weight", (layers, 2 * d.intermediate, d.hidden), "float32",
+                        "linear"),
+             TensorSpec("decoder.layers.mlp.linear_fc1.layer_norm_weight", (layers, d.hidden), "float32", "norm"),
+             TensorSpec("decoder.layers.mlp.linear_fc2.weight", (layers, d.hidden, d.intermediate), "float32",
+                        "linear")]
+    state: dict[str, object] = {s.key: torch.from_numpy(seeded_values(s, seed)) for s in specs}
+    state["decoder.layers.self_attention.linear_qkv._extra_state/shard_0_1"] = None
+    iteration = Path(root) / "iter_0000010"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(iteration))
+    (iteration / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                                                         "common_backend": "torch", "common_backend_version": 1}))
+    args = argparse.Namespace(num_layers=layers, hidden_size=d.hidden, ffn_hidden_size=d.intermediate,
+                              num_attention_heads=d.heads, num_query_groups=d.kv_heads, kv_channels=d.head_dim,
+                              padded_vocab_size=d.vocab, max_position_embeddings=4096, norm_epsilon=1e-5,
+                              rotary_base=500000, swiglu=True, normalization="RMSNorm",
+                              untie_embeddings_and_output_weights=True, params_dtype=torch.float32)
+    torch.save({"args": args, "iteration": 10, "checkpoint_version": 3.0}, iteration / "common.pt")
+    (Path(root) / "latest_checkpointed_iteration.txt").write_text("10")
+    return {"model": str(root)}

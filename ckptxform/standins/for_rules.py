@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptxform.standins.dcp_checkpoints import build_torchtitan_llama
+from ckptxform.standins.dcp_checkpoints import build_megatron_gpt, build_torchtitan_llama
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
@@ -254,6 +254,12 @@ STANDINS: dict[str, RuleStandin] = {
         "torchtitan 0.2 Llama-3 DCP checkpoint (+ hf_assets)", "HF LlamaForCausalLM",
         "torchtitan <= 0.2 Llama-3 training runs",
         "torchtitan 0.3's to_hf on the same tensors under 0.3's names, bit for bit"),
+    "megatron_gpt_to_hf": RuleStandin(
+        lambda root: build_megatron_gpt(root / "megatron-llama"),
+        "Megatron-Core torch_dist GPT (Llama-style) + its saved args", "HF LlamaForCausalLM",
+        "Megatron-LM / NeMo Llama-style GPT training runs (any TP/PP; dense)",
+        "megatron-core's own TP=2 forward: transformers' logits on the output equal it; the mapping is "
+        "Megatron-Bridge's LlamaBridge's"),
 }
 
 
