@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from typing import Any
+
+from two_ranks import spawn_two
 
 import torch
 
@@ -39,11 +40,8 @@ def _args() -> argparse.Namespace:
                               seq_length=32, micro_batch_size=1, tokenizer_type="NullTokenizer")
 
 
-def _rank(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
+def _rank(rank: int, out: str) -> None:
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     from megatron.core import dist_checkpointing, parallel_state
@@ -52,59 +50,47 @@ def _rank(rank: int, port: int, out: str) -> None:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    try:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-        torch.manual_seed(0)
-        d = DIMS
-        config = TransformerConfig(
-            num_layers=d["num_layers"], hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
-            num_query_groups=d["num_query_groups"], ffn_hidden_size=d["ffn_hidden_size"], use_cpu_initialization=True,
-            gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
-            layernorm_epsilon=d["norm_epsilon"], add_bias_linear=False, params_dtype=torch.float32,
-            tensor_model_parallel_size=2)
-        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-                         vocab_size=d["padded_vocab_size"], max_sequence_length=d["max_position_embeddings"],
-                         position_embedding_type="rope", rotary_base=d["rotary_base"],
-                         share_embeddings_and_output_weights=False)
-        with torch.no_grad():  # non-trivial norm weights: a swapped norm must show in the logits
-            for name, param in model.named_parameters():
-                if "layernorm" in name or "layer_norm" in name:
-                    param.uniform_(0.5, 1.5)
-        model.eval()
-        import contextlib
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    torch.manual_seed(0)
+    d = DIMS
+    config = TransformerConfig(
+        num_layers=d["num_layers"], hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
+        num_query_groups=d["num_query_groups"], ffn_hidden_size=d["ffn_hidden_size"], use_cpu_initialization=True,
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu, normalization="RMSNorm",
+        layernorm_epsilon=d["norm_epsilon"], add_bias_linear=False, params_dtype=torch.float32,
+        tensor_model_parallel_size=2)
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+                     vocab_size=d["padded_vocab_size"], max_sequence_length=d["max_position_embeddings"],
+                     position_embedding_type="rope", rotary_base=d["rotary_base"],
+                     share_embeddings_and_output_weights=False)
+    with torch.no_grad():  # non-trivial norm weights: a swapped norm must show in the logits
+        for name, param in model.named_parameters():
+            if "layernorm" in name or "layer_norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.eval()
+    import contextlib
 
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-        # the CUDA RNG tracker forks a CUDA generator around dropout; eval has no dropout
-        get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
-        tokens = torch.randint(0, d["padded_vocab_size"], (1, 12), generator=torch.Generator().manual_seed(5))
-        positions = torch.arange(12)[None]
-        with torch.no_grad():
-            mask = torch.triu(torch.ones(1, 1, 12, 12), diagonal=1).bool()  # True: not attended
-            logits = model(tokens, positions, mask)  # this rank's vocabulary columns
-            logits = gather_from_tensor_model_parallel_region(logits)
-        iteration = os.path.join(out, "iter_0000001")
-        os.makedirs(iteration, exist_ok=True)
-        state: dict[str, Any] = {"model": model.sharded_state_dict(), "args": _args(), "iteration": 1,
-                                 "checkpoint_version": 3.0}
-        dist_checkpointing.save(state, iteration)
-        if rank == 0:
-            torch.save(tokens, os.path.join(out, "tokens.pt"))
-            torch.save(logits, os.path.join(out, "logits.pt"))
-            with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
-                f.write("1")
-    finally:
-        dist.destroy_process_group()
-
-
-def main(out: str) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, out), nprocs=2)
+    # the CUDA RNG tracker forks a CUDA generator around dropout; eval has no dropout
+    get_cuda_rng_tracker().fork = lambda *a, **k: contextlib.nullcontext()
+    tokens = torch.randint(0, d["padded_vocab_size"], (1, 12), generator=torch.Generator().manual_seed(5))
+    positions = torch.arange(12)[None]
+    with torch.no_grad():
+        mask = torch.triu(torch.ones(1, 1, 12, 12), diagonal=1).bool()  # True: not attended
+        logits = model(tokens, positions, mask)  # this rank's vocabulary columns
+        logits = gather_from_tensor_model_parallel_region(logits)
+    iteration = os.path.join(out, "iter_0000001")
+    os.makedirs(iteration, exist_ok=True)
+    state: dict[str, Any] = {"model": model.sharded_state_dict(), "args": _args(), "iteration": 1,
+                             "checkpoint_version": 3.0}
+    dist_checkpointing.save(state, iteration)
+    if rank == 0:
+        torch.save(tokens, os.path.join(out, "tokens.pt"))
+        torch.save(logits, os.path.join(out, "logits.pt"))
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write("1")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    spawn_two(_rank, sys.argv[1])

@@ -19,10 +19,11 @@ backward on CPU).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import types
 from typing import Any
+
+from two_ranks import spawn_two
 
 DIMS = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "vocab": 161, "hidden": 96,
         "theta": 500000.0, "eps": 1e-5}
@@ -101,45 +102,30 @@ def _sharded(*, fuse_qkv: bool) -> Any:
     return fully_shard(model)
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def _rank(rank: int, out: str) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     from torchtitan.components.checkpointer.base import ModelWrapper
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        dcp.save(ModelWrapper(_sharded(fuse_qkv=False)).state_dict(), checkpoint_id=os.path.join(out, "model"))
-        model = _sharded(fuse_qkv=True)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        tokens = torch.randint(0, DIMS["vocab"], (2, 9), generator=torch.Generator().manual_seed(rank))
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, DIMS["vocab"]), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        state: dict[str, Any] = dict(ModelWrapper(model).state_dict())
-        state["optimizer"] = get_optimizer_state_dict(
-            model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
-        state["lr_scheduler"] = scheduler.state_dict()
-        state["dataloader"] = {f"dp_rank_{rank}": b"sampler state"}
-        state["train_state"] = {"step": 1, "ntokens_seen": int(tokens.numel())}
-        dcp.save(state, checkpoint_id=os.path.join(out, "step-1"))
-    finally:
-        dist.destroy_process_group()
-
-
-def main(out: str) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, out), nprocs=2)
+    dcp.save(ModelWrapper(_sharded(fuse_qkv=False)).state_dict(), checkpoint_id=os.path.join(out, "model"))
+    model = _sharded(fuse_qkv=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    tokens = torch.randint(0, DIMS["vocab"], (2, 9), generator=torch.Generator().manual_seed(rank))
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, DIMS["vocab"]), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    state: dict[str, Any] = dict(ModelWrapper(model).state_dict())
+    state["optimizer"] = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    state["lr_scheduler"] = scheduler.state_dict()
+    state["dataloader"] = {f"dp_rank_{rank}": b"sampler state"}
+    state["train_state"] = {"step": 1, "ntokens_seen": int(tokens.numel())}
+    dcp.save(state, checkpoint_id=os.path.join(out, "step-1"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    spawn_two(_rank, sys.argv[1])
