@@ -57,8 +57,8 @@ def dims_for(size: int) -> dict[str, int]:
     """Llama-like widths whose bf16 checkpoint is about ``size`` bytes (8 layers)."""
     hidden = 512
     while 2 * (8 * 12.5 * hidden * hidden + 2 * 32000 * hidden) < size:
-        hidden += 256
-    return {"hidden": hidden, "heads": hidden // 128, "kv_heads": max(1, hidden // 512), "layers": 8,
+        hidden += 512
+    return {"hidden": hidden, "heads": hidden // 128, "kv_heads": hidden // 512, "layers": 8,
             "intermediate": hidden * 3, "vocab": 32000}
 
 

@@ -25,7 +25,7 @@ from ckptxform.fileio import read_into
 from ckptxform.sources.base import TensorInfo, Unread
 from ckptxform.sources.chunks import ChunkGrid
 from ckptxform.sources.dcp_metadata import METADATA, DcpIndex, DcpTensor, read_dcp_metadata
-from ckptxform.sources.local import LocalCheckpoint
+from ckptxform.sources.local import LocalCheckpoint, _pread
 from ckptxform.sources.local_layout import check_inside
 from ckptxform.sources.pins import FilePin, pin_fd, pin_path
 from ckptxform.sources.torch_record import short_chunk, tensor_data_offset
@@ -71,9 +71,18 @@ class DcpCheckpoint(LocalCheckpoint):
             return super().read(info, start, length)
         length = self._checked_range(info, start, length)
         self._check_readable(info)
-        out = bytearray(length)
-        self._read_pieces(info, chunked, start, memoryview(out))
-        return bytes(out)
+        parts = []  # one pread per piece, joined: a single-piece range is never copied again
+        try:
+            for piece in chunked.grid.pieces(start, length):
+                file, data = chunked.places[piece.chunk]
+                part = _pread(self._descriptor(file), data + piece.at, piece.length)
+                if len(part) < piece.length:
+                    raise self._truncated(TensorInfo(info.key, info.dtype, info.shape, file, data, info.nbytes))
+                parts.append(part)
+        except OSError as exc:
+            raise SourceNotFoundError(f"{self.root}: cannot be read ({exc.strerror or exc})",
+                                      path=str(self.root), source=self.name) from None
+        return b"".join(parts)
 
     def read_runs_into(self, info: TensorInfo, runs: Sequence[tuple[int, int]], out: memoryview,
                        at: Sequence[int]) -> None:
