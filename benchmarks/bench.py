@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from synthetic import build_benchmark_sources, build_sparse_verifier, write_safetensors, Tensor  # noqa: E402
 import structural_bench  # noqa: E402
+import dcp_bench  # noqa: E402
 
 REPO = HERE.parent
 HEADLINE = REPO / "rules" / "aqmedai_k2_to_k25.yaml"
@@ -299,6 +300,24 @@ def model_parallel_scenario(work: Path, size: int, reps: int, figures: dict[str,
     return lines
 
 
+def dcp_scenario(work: Path, size: int, reps: int, figures: dict[str, object]) -> list[str]:
+    """A 2-rank DCP checkpoint of ``size`` bytes to HF: ckptxform against cp -r and the naive path."""
+    src = dcp_bench.build(work / "dcp", size)
+    warm(src["ckpt"])
+    rule = REPO / "rules" / "torchtitan_llama_to_hf.yaml"
+    results = run_contenders(dcp_bench.contenders(work, src, PY, rule), work, reps)
+    total = sum(f.stat().st_size for f in src["ckpt"].iterdir())
+    figures["dcp"] = {"bytes": total, "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+    lines = ["", f"DCP: a torchtitan Llama checkpoint of {total / 1e9:.2f} GB in 2 rank files (every tensor split by "
+             "dim 0) -> HF safetensors (torchtitan_llama_to_hf)", "",
+             "| contender | median (s) | best (s) | / cp -r | / naive | peak RSS (MB) |", "|---|---|---|---|---|---|"]
+    cp, naive = results["cp -r dcp"], results["naive dcp_to_torch_save + convert"]
+    for name, r in results.items():
+        rel = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") else ""
+        lines.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, cp):.2f} | {rel} | {r.peak_mb:.0f} |")
+    return lines
+
+
 def _overwrite_vocab(path: Path, vocab_tensors: list[Tensor]) -> None:
     import struct
     with open(path, "r+b") as f:
@@ -319,6 +338,8 @@ def main() -> None:
     ap.add_argument("--skip-structural", action="store_true", help="skip the structural-op scenario")
     ap.add_argument("--skip-quantize", action="store_true", help="skip the bf16 -> FP8 block quantize scenario")
     ap.add_argument("--skip-mp", action="store_true", help="skip the model-parallel (Meta shards) scenario")
+    ap.add_argument("--skip-dcp", action="store_true", help="skip the DCP (torchtitan) scenario")
+    ap.add_argument("--dcp-only", action="store_true", help="run only the DCP scenario")
     ap.add_argument("--small-tb", action="store_true", help="a 10 GB sparse verifier with tiny dims (smoke test)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     ap.add_argument("--only", default=None, metavar="NAME,...",
@@ -327,6 +348,13 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="ckptxform-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        if args.dcp_only:
+            compile_ckptxform()
+            figures: dict[str, object] = {}
+            print("\n".join(dcp_scenario(work, parse_size(args.size), args.reps, figures)))
+            if args.json_out:
+                Path(args.json_out).write_text(json.dumps(figures, indent=2))
+            return
         src = build_benchmark_sources(work / "src", parse_size(args.size))
         for path in src.values():
             warm(path)
@@ -385,8 +413,8 @@ def main() -> None:
             rel_naive = f"{paired_ratio(r, naive):.2f}" if name.startswith("ckptxform") and naive else ""
             report.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {paired_ratio(r, results['cp -r']):.2f} | "
                           f"{rel_naive} | {r.peak_mb:.0f} |")
-        figures: dict[str, object] = {"size_bytes": size, "reps": args.reps,
-                                      "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
+        figures = {"size_bytes": size, "reps": args.reps,
+                   "results": {n: {"walls": r.walls, "rss_kib": r.rss} for n, r in results.items()}}
         if not args.skip_structural:
             report += structural_scenario(work, parse_size(args.size), args.reps, figures)
         if not args.skip_quantize:
@@ -396,6 +424,8 @@ def main() -> None:
             report += ["", *lines]
         if not args.skip_mp:
             report += model_parallel_scenario(work, parse_size(args.size), args.reps, figures)
+        if not args.skip_dcp:
+            report += dcp_scenario(work, parse_size(args.size), args.reps, figures)
         if not args.skip_tb:
             tb = tb_scenario(work, small=args.small_tb)
             figures["tb"] = tb

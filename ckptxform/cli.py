@@ -319,12 +319,16 @@ def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsy
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @reports_errors
 def inspect(location: str, as_json: bool) -> None:
-    """List a checkpoint's tensors, shapes, dtypes, files and total bytes (headers only)."""
+    """Say which kind of checkpoint LOCATION is (safetensors, .bin/.pth, DCP, Megatron torch_dist,
+    Meta consolidated.NN.pth) and list its tensors, shapes, dtypes, files and total bytes
+    (headers and metadata only)."""
     from . import report
-    from .sources.resolve import open_location
+    from .sources.resolve import inspect_location
 
-    with open_location(location) as ckpt:
-        click.echo(json.dumps(report.inspect_json(ckpt), indent=2) if as_json else report.inspect_text(ckpt))
+    listing, kind = inspect_location(location)
+    with listing:
+        click.echo(json.dumps(report.inspect_json(listing, kind), indent=2) if as_json
+                   else report.inspect_text(listing, kind))
 
 
 @main.command(name="vocab-diff")

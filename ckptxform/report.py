@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from .catalogue import RuleCard
     from .demo import DemoResult, RuleDemo
     from .rules.library import ShippedRule
+    from .sources.dcp import DcpListing
+    from .sources.kind import CheckpointKind
 
 #: what a source tensor did when it was carried into the output; every other record is
 #: named on screen with its reason (the founding story's "skipped 2" said not which)
@@ -167,21 +169,25 @@ def apply_json(result: ApplyResult) -> dict[str, Any]:
             "written": [w.to_event() for w in result.written], "files": [c.to_event() for c in result.copied]}
 
 
-def inspect_json(ckpt: Checkpoint) -> dict[str, Any]:
+def inspect_json(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = None) -> dict[str, Any]:
     return {
         "location": ckpt.location,
+        **({"kind": kind.kind, "kind_label": kind.label, "kind_detail": kind.detail} if kind else {}),
         "revision": ckpt.revision,
         "commit": ckpt.commit,
         "files": list(ckpt.files),
         "total_bytes": sum(t.nbytes for t in ckpt.tensors.values()),
         "tensors": [{"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "file": t.file, "bytes": t.nbytes}
                     for t in ckpt.tensors.values()],
+        "not_weights": [{"key": u.key, "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason}
+                        for u in ckpt.unread],
     }
 
 
-def inspect_text(ckpt: Checkpoint) -> str:
-    data = inspect_json(ckpt)
-    lines = [printable(data["location"]) + (f" @ {data['commit']}" if data["commit"] else "")]
+def inspect_text(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = None) -> str:
+    data = inspect_json(ckpt, kind)
+    lines = [printable(data["location"]) + (f" @ {data['commit']}" if data["commit"] else "")
+             + (f": {kind.label}" + (f" ({kind.detail})" if kind.detail else "") if kind else "")]
     key_w = max((len(printable(t["key"])) for t in data["tensors"]), default=3)
     dtype_w = max([5, *(len(t["dtype"]) for t in data["tensors"])])
     for t in data["tensors"]:
@@ -189,6 +195,14 @@ def inspect_text(ckpt: Checkpoint) -> str:
                      f"{printable(t['file'])}")
     lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
                  f"({_human_bytes(data['total_bytes'])})")
+    if data["not_weights"]:  # a trainer's optimizer state, scheduler, dataloader...: counted by entry
+        heads: dict[str, int] = {}
+        for entry in data["not_weights"]:
+            extra = entry["key"].rsplit(".", 1)[-1].startswith("_extra_state")
+            head = "*._extra_state" if extra else entry["key"].split(".", 1)[0]
+            heads[head] = heads.get(head, 0) + 1
+        lines.append(f"not weights, never read ({len(data['not_weights'])}): "
+                     + ", ".join(f"{printable(h)} ({n})" for h, n in heads.items()))
     return _screen(lines)
 
 

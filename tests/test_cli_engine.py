@@ -204,7 +204,7 @@ def test_inspect_text(case: str, headline: HeadlineStandins, run_cli: Any) -> No
     assert proc.returncode == 0, proc.stderr
     want = expected_tensors(directory, files)
     lines = proc.stdout.splitlines()
-    assert lines[0] == location
+    assert lines[0] == f"{location}: safetensors"  # which kind of checkpoint it is, first
     rows = {line.split()[0]: line.split() for line in lines[1:-1]}
     assert set(rows) == set(want)
     for key, t in want.items():

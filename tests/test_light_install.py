@@ -175,3 +175,16 @@ def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
     converted = ckptxform(*args, "--out", str(tmp_path / "out"))
     assert converted.returncode == 0, converted.stderr
     assert ckptxform("verify", str(tmp_path / "out")).returncode == 0
+
+
+def test_a_dcp_checkpoint_converts_and_inspects_without_torch(tmp_path: Path) -> None:
+    """The DCP source reads torch's .metadata pickle and torch.save records itself."""
+    fixture = Path(__file__).parent / "fixtures" / "torchtitan_tiny"
+    done = ckptxform("apply", "torchtitan_llama_to_hf", f"--source=model={fixture / 'model'}",
+                     f"--source=hf_assets={fixture / 'assets'}", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "optimizer state saved by the trainer (entry 'optimizer'): not a model weight, never read" in done.stdout
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert len(out) == 3 + 9 and out["model.layers.0.self_attn.k_proj.weight"].shape == (4, 8)
+    shown = ckptxform("inspect", str(fixture / "model"))
+    assert shown.returncode == 0 and "torch.distributed.checkpoint (DCP)" in shown.stdout.splitlines()[0]

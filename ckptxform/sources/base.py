@@ -46,6 +46,17 @@ class ShardInfo(TensorInfo):
     shard: int = 0
 
 
+@dataclass(frozen=True)
+class Unread:
+    """An entry of a checkpoint that is no model weight (a trainer's optimizer state, a
+    pickled object): never read; the audit lists it as skipped, with ``reason``."""
+
+    key: str
+    dtype: str  # a safetensors dtype name, torch's name when it has none, "object" for a pickle
+    shape: tuple[int, ...]
+    reason: str
+
+
 class Checkpoint(ABC):
     """A checkpoint whose headers have been read. Subclasses read bytes on demand."""
 
@@ -58,6 +69,8 @@ class Checkpoint(ABC):
     #: the revision asked for and the commit it resolved to (Hub sources only)
     revision: str | None = None
     commit: str | None = None
+    #: entries that are not model weights (DCP training checkpoints), never read
+    unread: tuple[Unread, ...] = ()
 
     @abstractmethod
     def config(self, name: str = "config.json") -> dict[str, Any] | None:

@@ -61,6 +61,19 @@ def open_local(path: str | Path, *, name: str | None = None) -> Checkpoint:
         raise _unreadable(exc, path, source=name) from None
 
 
+def has_weights(directory: Path) -> bool:
+    """Whether ``directory`` holds any weight file (safetensors, .bin/.pt/.pth)."""
+    return any(p.name.endswith((".safetensors", ".bin", ".pt", ".pth")) for p in directory.iterdir())
+
+
+def open_assets(path: str | Path, *, name: str | None = None) -> LocalCheckpoint:
+    """A directory of a model's config.json and tokenizer files without weights (what
+    torchtitan's ``--hf_assets_path`` names): a source of config and files, no tensors."""
+    root = Path(path)
+    return LocalCheckpoint(location=str(path), name=name, root=root, tensors={}, files=(), metadata={},
+                           bin_tensors={}, pins={})
+
+
 class LocalCheckpoint(Checkpoint):
     """A checkpoint on the local disk; build it with ``open_local``. Safetensors bytes
     are read with ``os.pread`` on one descriptor per file, opened at its first read.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ..errors import PathEncodingError, SourceNotFoundError, UsageError, quote
 from ..fileio import is_utf8
@@ -60,9 +61,7 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
             path=location,
             source=name,
         )
-    from .local import open_local
-
-    return open_local(location, name=name)
+    return _open_path(location, name)
 
 
 def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint:
@@ -73,8 +72,6 @@ def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint
         return open_hub(spec.repo, spec.revision, name=spec.name, policy=spec.fetch,
                         location=spec.location, require_pinned=require_pinned)
     if spec.override is None and spec.path is not None:
-        from .local import open_local
-
         if not Path(spec.path).exists():
             raise SourceNotFoundError(
                 f"source {spec.name!r} ({spec.where.short}): path {spec.path!r} does not exist; "
@@ -82,7 +79,7 @@ def open_source(spec: SourceSpec, *, require_pinned: bool = False) -> Checkpoint
                 path=spec.path,
                 source=spec.name,
             )
-        return open_local(spec.path, name=spec.name)
+        return _open_path(spec.path, spec.name)
     return open_location(spec.location, name=spec.name, fetch=spec.fetch, require_pinned=require_pinned)
 
 
@@ -101,6 +98,46 @@ def open_sources(specs: Sequence[SourceSpec], *, require_pinned: bool = False) -
             ckpt.close()
         raise failed
     return opened
+
+
+def inspect_location(location: str) -> tuple[Any, Any]:
+    """What ``ckptxform inspect`` lists, and the kind of a local checkpoint: a DCP or
+    torch_dist directory from its ``.metadata`` alone (``DcpListing``), a Megatron-LM save
+    directory through the iteration it points at, anything else opened from its headers."""
+    from .kind import detect_kind, megatron_iteration
+
+    if location.startswith("hf://") or not Path(location).exists():
+        return open_location(location), None
+    kind = detect_kind(Path(location))
+    if kind.kind == "megatron":
+        inner = detect_kind(megatron_iteration(Path(location)))
+        kind = type(kind)(inner.kind, inner.path, f"{kind.detail}: {inner.path}" + (f", {inner.detail}" if inner.detail else ""))
+    if kind.kind in ("dcp", "torch_dist"):
+        from .dcp import list_dcp
+
+        return list_dcp(kind.path), kind
+    return open_location(kind.path), kind
+
+
+def _open_path(path: str, name: str | None) -> Checkpoint:
+    """A local checkpoint: a DCP directory (``.metadata`` + ``*.distcp``), Megatron's torch_dist
+    (an iteration directory, or a save directory pointing at one), or safetensors/.bin files."""
+    from .kind import detect_kind
+
+    kind = detect_kind(Path(path)).kind if Path(path).is_dir() else None
+    if kind in ("torch_dist", "megatron"):
+        from .torch_dist import open_torch_dist
+
+        return open_torch_dist(path, name=name)
+    if kind == "dcp":
+        from .dcp import open_dcp
+
+        return open_dcp(path, name=name)
+    from .local import has_weights, open_assets, open_local
+
+    if Path(path).is_dir() and not has_weights(Path(path)) and (Path(path) / "config.json").is_file():
+        return open_assets(path, name=name)  # config.json + tokenizer files only (torchtitan's hf_assets)
+    return open_local(path, name=name)
 
 
 def _split_fetch_option(location: str) -> tuple[str, str | None]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptxform.standins.dcp_checkpoints import build_megatron_gpt, build_torchtitan_llama
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
@@ -242,6 +243,23 @@ STANDINS: dict[str, RuleStandin] = {
         "DeepSeek-V3 MTP block (model.layers.61.*)", "SGLang's standalone NextN layer (model.layers.0.*)",
         "deepseek-ai/DeepSeek-V3, DeepSeek-R1 (FP8 kept)",
         "the keys, bytes and config SGLang's export_deepseek_nextn.py writes"),
+    "torchtitan_llama_to_hf": RuleStandin(
+        lambda root: build_torchtitan_llama(root / "torchtitan-llama3", training_state=True),
+        "torchtitan 0.3 Llama-3 DCP checkpoint (+ hf_assets)", "HF LlamaForCausalLM",
+        "torchtitan Llama-3 training runs (FSDP/TP, any rank count), meta-llama/Llama-3.1-8B assets",
+        "torchtitan's Llama3StateDictAdapter.to_hf on what dcp.load reads, bit for bit, on real 2-rank FSDP2 "
+        "saves; transformers loads it with torchtitan's logits"),
+    "torchtitan_0_2_llama_to_hf": RuleStandin(
+        lambda root: build_torchtitan_llama(root / "torchtitan-0.2-llama3", layout="0.2"),
+        "torchtitan 0.2 Llama-3 DCP checkpoint (+ hf_assets)", "HF LlamaForCausalLM",
+        "torchtitan <= 0.2 Llama-3 training runs",
+        "torchtitan 0.3's to_hf on the same tensors under 0.3's names, bit for bit"),
+    "megatron_gpt_to_hf": RuleStandin(
+        lambda root: build_megatron_gpt(root / "megatron-llama"),
+        "Megatron-Core torch_dist GPT (Llama-style) + its saved args", "HF LlamaForCausalLM",
+        "Megatron-LM / NeMo Llama-style GPT training runs (any TP/PP; dense)",
+        "megatron-core's own TP=2 forward: transformers' logits on the output equal it; the mapping is "
+        "Megatron-Bridge's LlamaBridge's"),
 }
 
 

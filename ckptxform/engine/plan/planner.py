@@ -282,6 +282,9 @@ class _Planner:
                 "with its reason), or set require.strict: false", source=source)
         for index, members in grouped.items():
             self._plan_rule(source, self.rules.tensors[index], members)
+        for entry in ckpt.unread:  # a trainer's optimizer state, pickled objects: listed, never read
+            self.records[(source, entry.key)] = TensorRecord(source, entry.key, "skipped", None, entry.shape,
+                                                             entry.dtype, None, entry.reason)
         keys = list(ckpt.tensors)
         for rule in rules:
             # A rule overridden by an earlier one (a child file's, under extends) matches

@@ -1,0 +1,207 @@
+"""The ``.metadata`` file of a torch.distributed.checkpoint (DCP) directory, read safely.
+
+``dcp.save`` pickles a ``Metadata`` object: ``state_dict_metadata`` maps each flattened
+key (``layers.0.attention.wq.weight``, ``optimizer.state.<fqn>.exp_avg``) to a
+``TensorStorageMetadata`` (dtype, global size, chunks: each an offset and size in every
+dim) or a ``BytesStorageMetadata`` (a pickled object), and ``storage_data`` maps each
+chunk, by ``MetadataIndex(fqn, offset)``, to a ``_StorageInfo(relative_path, offset,
+length)``: where in which ``__R_N.distcp`` file its record lies. The pickle is read by
+``restricted_pickle`` with stand-ins for exactly the classes torch writes (the names below,
+torch 2.x); anything else is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from ckptxform.errors import CheckpointFormatError, quote
+from ckptxform.fileio import read_small_file
+from ckptxform.sources.restricted_pickle import Named, Record, load_restricted
+
+METADATA = ".metadata"
+#: a .metadata lists every chunk of every key: tens of MB for the largest models
+MAX_METADATA_BYTES = 1 << 30
+_WHAT = "a DCP .metadata file"
+_DCP = "torch.distributed.checkpoint.metadata"
+_PLANNER = "torch.distributed.checkpoint.planner"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One saved piece of a tensor: its place in the global tensor and its record."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class DcpTensor:
+    key: str
+    torch_dtype: str  # torch's name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True)
+class DcpIndex:
+    tensors: Mapping[str, DcpTensor]
+    #: keys saved as pickled objects (an lr scheduler's state, a step count): never read
+    objects: tuple[str, ...]
+    #: the whole Metadata stand-in, for fields a trainer adds (Megatron's ``mcore_data``)
+    raw: Record
+
+
+class _Metadata(Record):
+    pass
+
+
+class _TensorStorage(Record):
+    pass
+
+
+class _BytesStorage(Record):
+    pass
+
+
+class _ChunkStorage(Record):
+    pass
+
+
+class _StorageMeta(Record):
+    pass
+
+
+class _StorageInfo(Record):
+    pass
+
+
+class _TensorProperties(Record):
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 5:  # torch's __getstate__: a tuple
+            self.dtype, self.layout, self.requires_grad, self.memory_format, self.pin_memory = state
+            return
+        super().__setstate__(state)
+
+
+class _MetadataIndex(Record):
+    def __hash__(self) -> int:
+        return hash((self.get("fqn"), self.get("offset")))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _MetadataIndex) and (self.get("fqn"), self.get("offset")) == (
+            other.get("fqn"), other.get("offset"))
+
+
+def _size(*args: Any) -> tuple[int, ...]:
+    return tuple(args[0]) if args else ()
+
+
+_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+           "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu", "float8_e4m3fnuz",
+           "float8_e5m2fnuz", "complex64", "complex128", "float4_e2m1fn_x2")
+
+ALLOWED: dict[tuple[str, str], Any] = {
+    (_DCP, "Metadata"): _Metadata,
+    (_DCP, "TensorStorageMetadata"): _TensorStorage,
+    (_DCP, "BytesStorageMetadata"): _BytesStorage,
+    (_DCP, "ChunkStorageMetadata"): _ChunkStorage,
+    (_DCP, "TensorProperties"): _TensorProperties,
+    (_DCP, "MetadataIndex"): _MetadataIndex,
+    (_DCP, "StorageMeta"): _StorageMeta,
+    (_DCP, "_MEM_FORMAT_ENCODING"): int,
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    # Megatron-Core's torch_dist saves cache every rank's save plan in the metadata
+    # (``all_local_plans``): torch's plan classes, kept as plain records, never used
+    (_PLANNER, "SavePlan"): Record,
+    (_PLANNER, "WriteItem"): Record,
+    (_PLANNER, "WriteItemType"): int,
+    (_PLANNER, "TensorWriteData"): Record,
+    ("torch", "Size"): _size,
+    ("torch.serialization", "_get_layout"): str,
+    ("collections", "OrderedDict"): dict,
+    # StorageMeta.checkpoint_id: the path it was saved to (pure paths: nothing is touched)
+    ("pathlib", "PosixPath"): PurePosixPath,
+    ("pathlib", "WindowsPath"): PureWindowsPath,
+    ("pathlib", "PurePosixPath"): PurePosixPath,
+    ("pathlib", "PureWindowsPath"): PureWindowsPath,
+    **{("torch", name): Named("torch", name) for name in _DTYPES},
+}
+
+
+def read_dcp_metadata(root: Path) -> DcpIndex:
+    """The keys of the DCP checkpoint in directory ``root``, from its ``.metadata``."""
+    path = root / METADATA
+    label = str(path)
+    blob = read_small_file(path, MAX_METADATA_BYTES, what=_WHAT)
+    meta = load_restricted(blob, ALLOWED, label=label, what=_WHAT)
+    if not isinstance(meta, _Metadata) or not isinstance(meta.get("state_dict_metadata"), dict):
+        raise CheckpointFormatError(f"{label}: holds a {type(meta).__name__}, not torch's DCP Metadata; give the "
+                                    "directory dcp.save wrote", path=label)
+    storage = meta.get("storage_data")
+    if not isinstance(storage, dict):
+        raise _bad(label, "its storage_data (where each chunk is stored) is missing")
+    tensors: dict[str, DcpTensor] = {}
+    objects: list[str] = []
+    for key, item in meta.state_dict_metadata.items():
+        if not isinstance(key, str):
+            raise _bad(label, f"it has a {type(key).__name__} key {key!r}")
+        if isinstance(item, _BytesStorage):
+            objects.append(key)
+        elif isinstance(item, _TensorStorage):
+            tensors[key] = _tensor(label, key, item, storage)
+        else:
+            raise _bad(label, f"key {quote(key)} is a {type(item).__name__}")
+    return DcpIndex(tensors, tuple(objects), meta)
+
+
+def _tensor(label: str, key: str, item: _TensorStorage, storage: dict[Any, Any]) -> DcpTensor:
+    props = item.get("properties")
+    dtype = getattr(props, "dtype", None)
+    shape = item.get("size")
+    if not isinstance(dtype, Named) or not _ints(shape):
+        raise _bad(label, f"tensor {quote(key)} has no dtype or size")
+    if getattr(props, "layout", "torch.strided") not in ("torch.strided", None):
+        raise CheckpointFormatError(f"{label}: tensor {quote(key)} is a {props.layout} tensor; only dense "
+                                    "(strided) tensors can be converted", path=label, key=key)
+    chunks = []
+    for chunk in item.get("chunks") or ():
+        offsets, sizes = chunk.get("offsets"), chunk.get("sizes")
+        if not (_ints(offsets) and _ints(sizes) and len(offsets) == len(sizes) == len(shape)):
+            raise _bad(label, f"a chunk of tensor {quote(key)} has offsets {offsets!r} and sizes {sizes!r} "
+                              f"for a tensor of shape {list(shape)}")
+        where = storage.get(_index(key, offsets))
+        if where is None:
+            raise CheckpointFormatError(
+                f"{label}: the chunk of tensor {quote(key)} at offsets {list(offsets)} has no storage entry "
+                "(the save did not finish on every rank?); save the checkpoint again", path=label, key=key)
+        file, offset, length = where.get("relative_path"), where.get("offset"), where.get("length")
+        if not isinstance(file, str) or not _ints((offset, length)):
+            raise _bad(label, f"the storage entry of tensor {quote(key)} at {list(offsets)} is {where.__dict__!r}")
+        if where.get("transform_descriptors"):
+            raise CheckpointFormatError(
+                f"{label}: the chunk of tensor {quote(key)} at {list(offsets)} was saved through storage "
+                f"transforms {where.transform_descriptors!r} (compression); save without extensions to convert it",
+                path=label, key=key)
+        chunks.append(Chunk(tuple(offsets), tuple(sizes), file, offset, length))
+    return DcpTensor(key, dtype.name, tuple(shape), tuple(chunks))
+
+
+def _index(fqn: str, offsets: tuple[int, ...]) -> _MetadataIndex:
+    index = _MetadataIndex()
+    index.__dict__.update(fqn=fqn, offset=tuple(offsets))
+    return index
+
+
+def _ints(values: Any) -> bool:
+    return isinstance(values, tuple) and all(type(v) is int and v >= 0 for v in values)
+
+
+def _bad(label: str, why: str) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{label}: not a DCP Metadata torch wrote: {why}; give the directory "
+                                 "dcp.save wrote, or save it again", path=label)
