@@ -127,10 +127,10 @@ def test_every_rule_that_writes_a_drafter_config_writes_the_norm_flags(tmp_path:
     output leaves it to the reader. The stand-ins' native configs (like SpecForge's Kimi-K2
     config) carry no flag, their speculators configs say norm_before_residual false only."""
     configs = _configs(tmp_path, headline)
-    from test_rule_library import NOT_EAGLE3_RULES, VERIFIER_RULES
+    from test_rule_library import NOT_EAGLE3_RULES, TRAINER_RULES, VERIFIER_RULES
 
     drafter_rules = ({p.name for p in RULES.glob("*.yaml")} - set(STRUCTURAL_RULES) - set(VERIFIER_RULES)
-                     - set(OWN_REFERENCE_RULES) - set(NOT_EAGLE3_RULES))
+                     - set(OWN_REFERENCE_RULES) - set(NOT_EAGLE3_RULES) - set(TRAINER_RULES))
     assert sorted(configs) == sorted(drafter_rules)
     for name, config in configs.items():
         flags = {flag: config.get(flag) for flag in FLAGS}
