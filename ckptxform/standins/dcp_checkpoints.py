@@ -15,27 +15,14 @@ from pathlib import Path
 from typing import Literal
 
 from ckptxform.standins.hf_models import LM_TINY, LmDims, _decoder_config, _GENERATION
-from ckptxform.standins.tensors import TensorSpec, seeded_values, write_json
+from ckptxform.standins.tensors import TensorSpec, meta_llama_specs, seeded_values, write_json
 
 
 def torchtitan_llama_specs(d: LmDims, layout: Literal["0.2", "0.3"] = "0.3") -> list[TensorSpec]:
     """The tensors of torchtitan's Llama3Model, by its state-dict names."""
-    qkv = "qkv_linear." if layout == "0.3" else ""
-    specs = [TensorSpec("tok_embeddings.weight", (d.vocab, d.hidden), d.dtype, "linear"),
-             TensorSpec("norm.weight", (d.hidden,), d.dtype, "norm"),
-             TensorSpec("lm_head.weight", (d.vocab, d.hidden), d.dtype, "linear")]
-    for n in range(d.layers):
-        a, f = f"layers.{n}.attention.", f"layers.{n}.feed_forward."
-        specs += [TensorSpec(f"{a}{qkv}wq.weight", (d.heads * d.head_dim, d.hidden), d.dtype, "linear"),
-                  TensorSpec(f"{a}{qkv}wk.weight", (d.kv_heads * d.head_dim, d.hidden), d.dtype, "linear"),
-                  TensorSpec(f"{a}{qkv}wv.weight", (d.kv_heads * d.head_dim, d.hidden), d.dtype, "linear"),
-                  TensorSpec(f"{a}wo.weight", (d.hidden, d.heads * d.head_dim), d.dtype, "linear"),
-                  TensorSpec(f"{f}w1.weight", (d.intermediate, d.hidden), d.dtype, "linear"),
-                  TensorSpec(f"{f}w2.weight", (d.hidden, d.intermediate), d.dtype, "linear"),
-                  TensorSpec(f"{f}w3.weight", (d.intermediate, d.hidden), d.dtype, "linear"),
-                  TensorSpec(f"layers.{n}.attention_norm.weight", (d.hidden,), d.dtype, "norm"),
-                  TensorSpec(f"layers.{n}.ffn_norm.weight", (d.hidden,), d.dtype, "norm")]
-    return specs
+    return meta_llama_specs(vocab=d.vocab, hidden=d.hidden, heads=d.heads, kv_heads=d.kv_heads,
+                            head_dim=d.head_dim, intermediate=d.intermediate, layers=d.layers, dtype=d.dtype,
+                            head_key="lm_head.weight", qkv_prefix="qkv_linear." if layout == "0.3" else "")
 
 
 def build_torchtitan_llama(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0,

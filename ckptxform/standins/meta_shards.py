@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ckptxform.errors import UsageError
-from ckptxform.standins.tensors import TensorSpec, seeded_values, write_json
+from ckptxform.standins.tensors import meta_llama_specs, seeded_values, write_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,20 +73,8 @@ def meta_whole_state(dims: MetaDims, *, seed: int) -> dict[str, np.ndarray]:
     import numpy as np
 
     d = dims
-    specs = [TensorSpec("tok_embeddings.weight", (d.vocab, d.dim), d.dtype, "linear"),
-             TensorSpec("norm.weight", (d.dim,), d.dtype, "norm"),
-             TensorSpec("output.weight", (d.vocab, d.dim), d.dtype, "linear")]
-    for n in range(d.layers):
-        a, f = f"layers.{n}.attention.", f"layers.{n}.feed_forward."
-        specs += [TensorSpec(f"{a}wq.weight", (d.heads * d.head_dim, d.dim), d.dtype, "linear"),
-                  TensorSpec(f"{a}wk.weight", (d.n_kv * d.head_dim, d.dim), d.dtype, "linear"),
-                  TensorSpec(f"{a}wv.weight", (d.n_kv * d.head_dim, d.dim), d.dtype, "linear"),
-                  TensorSpec(f"{a}wo.weight", (d.dim, d.heads * d.head_dim), d.dtype, "linear"),
-                  TensorSpec(f"{f}w1.weight", (d.ffn, d.dim), d.dtype, "linear"),
-                  TensorSpec(f"{f}w2.weight", (d.dim, d.ffn), d.dtype, "linear"),
-                  TensorSpec(f"{f}w3.weight", (d.ffn, d.dim), d.dtype, "linear"),
-                  TensorSpec(f"layers.{n}.attention_norm.weight", (d.dim,), d.dtype, "norm"),
-                  TensorSpec(f"layers.{n}.ffn_norm.weight", (d.dim,), d.dtype, "norm")]
+    specs = meta_llama_specs(vocab=d.vocab, hidden=d.dim, heads=d.heads, kv_heads=d.n_kv, head_dim=d.head_dim,
+                             intermediate=d.ffn, layers=d.layers, dtype=d.dtype, head_key="output.weight")
     state = {s.key: seeded_values(s, seed) for s in specs}
     # Llama 1/2 files carry the RoPE inverse frequencies (theta 10000), replicated
     freqs = 1.0 / (10000.0 ** (np.arange(0, d.head_dim, 2, dtype=np.float32) / d.head_dim))

@@ -180,3 +180,25 @@ def built_checkpoint(out: Path, dims: DrafterDims, ids: tuple[int, ...] | None,
     return BuiltCheckpoint(path=out, dims=dims, target_ids=ids, keys=tuple(sorted(tensors)),
                            shapes=shapes_of(tensors), dtypes=dtypes_of(tensors),
                            files=tuple(sorted(files)))
+
+
+def meta_llama_specs(*, vocab: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                     layers: int, dtype: str, head_key: str, qkv_prefix: str = "") -> list[TensorSpec]:
+    """A Llama under Meta's key names (``tok_embeddings``, ``layers.N.attention.wq``, ...), which
+    torchtitan keeps too: its head is ``lm_head.weight`` where Meta's is ``output.weight``, and
+    torchtitan 0.3 puts q/k/v under ``attention.qkv_linear.``."""
+    specs = [TensorSpec("tok_embeddings.weight", (vocab, hidden), dtype, "linear"),
+             TensorSpec("norm.weight", (hidden,), dtype, "norm"),
+             TensorSpec(head_key, (vocab, hidden), dtype, "linear")]
+    for n in range(layers):
+        a, f = f"layers.{n}.attention.", f"layers.{n}.feed_forward."
+        specs += [TensorSpec(f"{a}{qkv_prefix}wq.weight", (heads * head_dim, hidden), dtype, "linear"),
+                  TensorSpec(f"{a}{qkv_prefix}wk.weight", (kv_heads * head_dim, hidden), dtype, "linear"),
+                  TensorSpec(f"{a}{qkv_prefix}wv.weight", (kv_heads * head_dim, hidden), dtype, "linear"),
+                  TensorSpec(f"{a}wo.weight", (hidden, heads * head_dim), dtype, "linear"),
+                  TensorSpec(f"{f}w1.weight", (intermediate, hidden), dtype, "linear"),
+                  TensorSpec(f"{f}w2.weight", (hidden, intermediate), dtype, "linear"),
+                  TensorSpec(f"{f}w3.weight", (intermediate, hidden), dtype, "linear"),
+                  TensorSpec(f"layers.{n}.attention_norm.weight", (hidden,), dtype, "norm"),
+                  TensorSpec(f"layers.{n}.ffn_norm.weight", (hidden,), dtype, "norm")]
+    return specs
