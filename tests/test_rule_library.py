@@ -51,7 +51,8 @@ SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
 #: test_structural_library
 #: rules for a trainer's own checkpoints, run on checkpoints the trainers write in
 #: test_dcp_torchtitan and test_dcp_megatron
-TRAINER_RULES = ("megatron_gpt_to_hf.yaml", "torchtitan_0_2_llama_to_hf.yaml", "torchtitan_llama_to_hf.yaml")
+TRAINER_RULES = ("megatron_gpt_to_hf.yaml", "megatron_moe_to_hf.yaml", "torchtitan_0_2_llama_to_hf.yaml",
+                 "torchtitan_llama_to_hf.yaml")
 DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES) - set(OWN_REFERENCE_RULES) - set(TRAINER_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 

@@ -145,6 +145,16 @@ class Checkpoint(ABC):
         """A local path holding ``file``'s exact bytes (for streaming copies), or None."""
         return None
 
+    def local_segments(self, info: TensorInfo, start: int, length: int) -> list[tuple[Path, int, int]] | None:
+        """Where bytes ``[start, start + length)`` of tensor ``info`` lie in local files, in
+        order, as ``(path, offset, length)``: what a kernel copy reads; None where they do not
+        (a Hub source, a ``.bin`` tensor). A tensor stored in one place is one segment; a
+        source that keeps a tensor in pieces (DCP chunks) says where each piece is."""
+        if info.offset < 0:
+            return None
+        path = self.local_path(info.file)
+        return None if path is None else [(path, info.offset + start, length)]
+
     def list_files(self) -> tuple[str, ...]:
         """Every file of the checkpoint's folder or repo, weights included, as sorted
         relative ``/``-separated paths (what a rule's ``files`` globs match)."""

@@ -95,6 +95,20 @@ class DcpCheckpoint(LocalCheckpoint):
             self._checked_range(info, first * width, count * width)
             self._read_pieces(info, chunked, first * width, out[pos * width:(pos + count) * width])
 
+    def local_segments(self, info: TensorInfo, start: int, length: int) -> list[tuple[Path, int, int]] | None:
+        chunked = self._chunked.get(info.key)
+        if chunked is None:
+            return super().local_segments(info, start, length)
+        self._checked_range(info, start, length)
+        segments = []
+        for piece in chunked.grid.pieces(start, length):
+            file, data = chunked.places[piece.chunk]
+            path = self.local_path(file)
+            if path is None:
+                return None
+            segments.append((path, data + piece.at, piece.length))
+        return segments
+
     def _read_pieces(self, info: TensorInfo, chunked: _Chunked, start: int, out: memoryview) -> None:
         try:
             for piece in chunked.grid.pieces(start, len(out)):

@@ -63,11 +63,39 @@ def build_torchtitan_llama(root: str | Path, dims: LmDims = LM_TINY, *, seed: in
     return {"model": str(model), "hf_assets": str(assets)}
 
 
-def build_megatron_gpt(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0) -> dict[str, str]:
+def megatron_gpt_specs(d: LmDims, *, moe: bool = False) -> list[TensorSpec]:
+    """The tensors megatron-core's GPTModel saves under torch_dist, by their sharded keys: a
+    layer's stacked over dim 0 (and an MoE layer's experts over dim 1, SequentialMLP's layout)."""
+    layers, qkv = d.layers, (d.heads + 2 * d.kv_heads) * d.head_dim
+
+    def spec(key: str, shape: tuple[int, ...], fill: str = "linear") -> TensorSpec:
+        return TensorSpec(key, shape, "float32", fill)
+
+    specs = [spec("embedding.word_embeddings.weight", (d.vocab, d.hidden)),
+             spec("decoder.final_layernorm.weight", (d.hidden,), "norm"),
+             spec("output_layer.weight", (d.vocab, d.hidden)),
+             spec("decoder.layers.self_attention.linear_qkv.weight", (layers, qkv, d.hidden)),
+             spec("decoder.layers.self_attention.linear_qkv.layer_norm_weight", (layers, d.hidden), "norm"),
+             spec("decoder.layers.self_attention.linear_proj.weight", (layers, d.hidden, d.hidden))]
+    if not moe:
+        return specs + [spec("decoder.layers.mlp.linear_fc1.weight", (layers, 2 * d.intermediate, d.hidden)),
+                        spec("decoder.layers.mlp.linear_fc1.layer_norm_weight", (layers, d.hidden), "norm"),
+                        spec("decoder.layers.mlp.linear_fc2.weight", (layers, d.hidden, d.intermediate))]
+    e = d.experts
+    return specs + [spec("decoder.layers.pre_mlp_layernorm.weight", (layers, d.hidden), "norm"),
+                    spec("decoder.layers.mlp.router.weight", (layers, e, d.hidden)),
+                    spec("decoder.layers.mlp.experts.experts.linear_fc1.weight",
+                         (layers, e, 2 * d.intermediate, d.hidden)),
+                    spec("decoder.layers.mlp.experts.experts.linear_fc2.weight",
+                         (layers, e, d.hidden, d.intermediate))]
+
+
+def build_megatron_gpt(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0, moe: bool = False) -> dict[str, str]:
     """A Megatron-LM save directory in the torch_dist layout megatron-core's
     ``dist_checkpointing.save`` writes (tests/megatron_fixture.py saves a real one): the
     layers' tensors stacked over dim 0 under Megatron's names, ``_extra_state`` objects,
-    ``metadata.json``, and the training ``args`` in ``common.pt``; one rank."""
+    ``metadata.json``, and the training ``args`` in ``common.pt``; one rank. ``moe``: every
+    layer's MLP a mixture of ``dims.experts`` experts (top-2 softmax routing), Mixtral-style."""
     import argparse
     import json
     import warnings
@@ -77,22 +105,8 @@ def build_megatron_gpt(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 
     torch = require_torch("the torch_dist stand-ins (torch.distributed.checkpoint.save)")
     import torch.distributed.checkpoint as dcp
 
-    d, layers = dims, dims.layers
-    qkv = (d.heads + 2 * d.kv_heads) * d.head_dim
-    specs = [TensorSpec("embedding.word_embeddings.weight", (d.vocab, d.hidden), "float32", "linear"),
-             TensorSpec("decoder.final_layernorm.weight", (d.hidden,), "float32", "norm"),
-             TensorSpec("output_layer.weight", (d.vocab, d.hidden), "float32", "linear"),
-             TensorSpec("decoder.layers.self_attention.linear_qkv.weight", (layers, qkv, d.hidden), "float32", "linear"),
-             TensorSpec("decoder.layers.self_attention.linear_qkv.layer_norm_weight", (layers, d.hidden), "float32",
-                        "norm"),
-             TensorSpec("decoder.layers.self_attention.linear_proj.weight", (layers, d.hidden, d.hidden), "float32",
-                        "linear"),
-             TensorSpec("decoder.layers.mlp.linear_fc1.weight", (layers, 2 * d.intermediate, d.hidden), "float32",
-                        "linear"),
-             TensorSpec("decoder.layers.mlp.linear_fc1.layer_norm_weight", (layers, d.hidden), "float32", "norm"),
-             TensorSpec("decoder.layers.mlp.linear_fc2.weight", (layers, d.hidden, d.intermediate), "float32",
-                        "linear")]
-    state: dict[str, object] = {s.key: torch.from_numpy(seeded_values(s, seed)) for s in specs}
+    d = dims
+    state: dict[str, object] = {s.key: torch.from_numpy(seeded_values(s, seed)) for s in megatron_gpt_specs(d, moe=moe)}
     state["decoder.layers.self_attention.linear_qkv._extra_state/shard_0_1"] = None
     iteration = Path(root) / "iter_0000010"
     with warnings.catch_warnings():
@@ -100,11 +114,14 @@ def build_megatron_gpt(root: str | Path, dims: LmDims = LM_TINY, *, seed: int = 
         dcp.save(state, checkpoint_id=str(iteration))
     (iteration / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
                                                          "common_backend": "torch", "common_backend_version": 1}))
-    args = argparse.Namespace(num_layers=layers, hidden_size=d.hidden, ffn_hidden_size=d.intermediate,
+    experts = dict(num_experts=d.experts, moe_router_topk=2, moe_ffn_hidden_size=d.intermediate, moe_layer_freq=1,
+                   moe_router_score_function="softmax", moe_router_pre_softmax=False,
+                   moe_shared_expert_intermediate_size=None) if moe else dict(num_experts=None)
+    args = argparse.Namespace(num_layers=d.layers, hidden_size=d.hidden, ffn_hidden_size=d.intermediate,
                               num_attention_heads=d.heads, num_query_groups=d.kv_heads, kv_channels=d.head_dim,
                               padded_vocab_size=d.vocab, max_position_embeddings=4096, norm_epsilon=1e-5,
                               rotary_base=500000, swiglu=True, normalization="RMSNorm",
-                              untie_embeddings_and_output_weights=True, params_dtype=torch.float32)
+                              untie_embeddings_and_output_weights=True, params_dtype=torch.float32, **experts)
     torch.save({"args": args, "iteration": 10, "checkpoint_version": 3.0}, iteration / "common.pt")
     (Path(root) / "latest_checkpointed_iteration.txt").write_text("10")
     return {"model": str(root)}

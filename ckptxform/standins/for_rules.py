@@ -258,8 +258,14 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: build_megatron_gpt(root / "megatron-llama"),
         "Megatron-Core torch_dist GPT (Llama-style) + its saved args", "HF LlamaForCausalLM",
         "Megatron-LM / NeMo Llama-style GPT training runs (any TP/PP; dense)",
-        "megatron-core's own TP=2 forward: transformers' logits on the output equal it; the mapping is "
-        "Megatron-Bridge's LlamaBridge's"),
+        "Megatron-Bridge's stream_weights_megatron_to_hf (LlamaBridge) on the same TP=2 model, bit for bit; "
+        "transformers loads it with megatron-core's own TP=2 logits"),
+    "megatron_moe_to_hf": RuleStandin(
+        lambda root: build_megatron_gpt(root / "megatron-mixtral", moe=True),
+        "Megatron-Core torch_dist GPT with MoE layers (Mixtral-style) + its saved args", "HF MixtralForCausalLM",
+        "Megatron-LM / NeMo Mixtral-style MoE training runs (any TP/PP; softmax top-k router, no shared expert)",
+        "Megatron-Bridge's stream_weights_megatron_to_hf (Qwen3MoEBridge's expert and router mappings) on the "
+        "same TP=2 model, bit for bit; transformers loads it with megatron-core's own TP=2 logits"),
 }
 
 

@@ -164,7 +164,7 @@ class ByteRecipe(Recipe):
             yield bytes(buf)
 
     def local_pieces(self, plan: Sources) -> Iterator[Piece] | None:
-        places: list[tuple[Path, int] | None] = []
+        places: list[tuple[Checkpoint, TensorInfo] | None] = []
         for item in self.sources():
             if isinstance(item, Block):
                 if self.kernel_run_min() != 0:
@@ -172,10 +172,10 @@ class ByteRecipe(Recipe):
                 places.append(None)  # decoded, through memory, between the kernel copies
                 continue
             info = item.info(plan)
-            path = plan.checkpoints[item.source].local_path(info.file)
-            if path is None or info.offset < 0:
+            ckpt = plan.checkpoints[item.source]
+            if ckpt.local_segments(info, 0, 0) is None:  # not in local files
                 return None
-            places.append((path, info.offset))
+            places.append((ckpt, info))
         if not any(places):
             return None
         return self._pieces(plan, places)
@@ -185,18 +185,24 @@ class ByteRecipe(Recipe):
         every run of a local file, with a block op's runs decoded in between."""
         return KERNEL_RUN_MIN
 
-    def _pieces(self, plan: Sources, places: list[tuple[Path, int] | None]) -> Iterator[Piece]:
+    def _pieces(self, plan: Sources, places: list[tuple[Checkpoint, TensorInfo] | None]) -> Iterator[Piece]:
         runs = self.runs(plan)
         small: list[Run] = []
         least = self.kernel_run_min()
         for run in runs:
             place = places[run.input] if run.input >= 0 else None
+            segments = None
             if place is not None and (run.length >= least or len(runs) == 1):
+                segments = place[0].local_segments(place[1], run.start, run.length)
+                # a run in many short pieces (a column shard's rows) costs a system call a
+                # piece: through memory instead
+                if segments is not None and len(segments) > 1 and min(n for _, _, n in segments) < least:
+                    segments = None
+            if segments is not None:
                 if small:
                     yield from _SmallRuns(self, small).stream(plan)
                     small = []
-                path, offset = place
-                yield (path, offset + run.start, run.length)
+                yield from segments
             else:
                 small.append(run)
         if small:
