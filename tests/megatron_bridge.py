@@ -15,6 +15,12 @@ not install here); the export path uses none of them. So:
   any code path that touched TransformerEngine would fail loudly, and ``isinstance`` against
   them is False, which is the truth (the models here hold no TE module). The export is run
   with ``merge_adapter_weights=False``, the only switch that would reach those modules.
+- 0.3.1's ``gather_from_ep_ranks`` reads the expert number off the end of the Megatron
+  name (``...linear_fc1.weight3``, TEGroupedMLP's), which a SequentialMLP name
+  (``...local_experts.3.linear_fc1.weight``) does not end in: ``int('')`` fails. Upstream
+  has since added the fast path for one expert-parallel rank (nothing to gather: the tensor
+  under its own HF name); the same fast path is installed here, for EP=1 only, and changes
+  no value (0.3.1's gather over one rank returns the same tensor).
 - megatron-core must never see the stand-in (it picks TE code paths when TE imports): every
   megatron-core module the bridge imports is imported first, and one the bridge would
   import during that window is refused (an ImportError, as when TE is absent).
@@ -97,11 +103,28 @@ def load(*modules: str) -> list[types.ModuleType]:
     sys.modules.update(te)
     sys.meta_path.insert(0, guard)
     try:
-        return [importlib.import_module(f"megatron.bridge.{m}") for m in modules]
+        loaded = [importlib.import_module(f"megatron.bridge.{m}") for m in modules]
     finally:
         sys.meta_path.remove(guard)
         for name in _TE:
             sys.modules.pop(name, None)
+    _one_ep_rank_fast_path(sys.modules["megatron.bridge.models.conversion.param_mapping"].MegatronParamMapping)
+    return loaded
+
+
+def _one_ep_rank_fast_path(mapping: Any) -> None:
+    """Upstream's EP=1 path of ``gather_from_ep_ranks`` (see the module's docstring)."""
+    gather = mapping.gather_from_ep_ranks
+    if getattr(gather, "one_ep_rank", False):
+        return
+
+    def gather_from_ep_ranks(self: Any, megatron_weights: Any, megatron_module: Any, hf_param_name: Any) -> Any:
+        if self.ep_size == 1:
+            return {str(hf_param_name): megatron_weights}
+        return gather(self, megatron_weights, megatron_module, hf_param_name)
+
+    gather_from_ep_ranks.one_ep_rank = True  # type: ignore[attr-defined]
+    mapping.gather_from_ep_ranks = gather_from_ep_ranks
 
 
 class _AnyKey:

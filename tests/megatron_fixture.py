@@ -20,7 +20,9 @@ SequentialMLP experts and router, to its HF names) and rank 0 writes
 megatron-core's async file writer waits on CUDA (``torch.cuda.synchronize`` after its
 host copies, a CUDA device for its failure flag): on a CPU build there is nothing to wait
 for, so those two calls are stood in for here, as is the CUDA RNG tracker's fork around the
-(eval: inactive) attention dropout of the reference forward.
+(eval: inactive) attention dropout of the reference forward. megatron-core 0.16.1's MoE router
+tests ``te_general_gemm is not None`` where its import of TransformerEngine failed and left
+the name undefined: it is set to None, the value that test expects without TransformerEngine.
 """
 
 from __future__ import annotations
@@ -71,6 +73,10 @@ def _rank(rank: int, out: str, moe: bool) -> None:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from megatron.core.transformer.moe import moe_utils
+
+    if not moe_utils.HAVE_TE:  # its `except ImportError` leaves te_general_gemm undefined
+        moe_utils.te_general_gemm = None
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
     torch.manual_seed(0)
     d = DIMS

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ckptxform import api
 from ckptxform.errors import CheckpointFormatError
 from ckptxform.sources.chunks import ChunkGrid
 from ckptxform.sources.resolve import open_location
@@ -206,3 +207,35 @@ def test_kinds_are_told_apart_by_file_names_alone(tmp_path: Path) -> None:
             (tmp_path / name / file).write_bytes(b"")
         assert detect_kind(tmp_path / name).kind == kind, name
     assert detect_kind(tmp_path / "meta").detail == "MP=2, params.json"
+
+
+RENAME = """version: 1
+name: dcp-rename
+sources: {src: {path: unused}}
+convert: src
+tensors:
+  - {key: w, to: x}
+"""
+
+
+@pytest.mark.parametrize(("dim", "at", "kernel"), [(0, 300, True), (1, 512, False)])
+def test_a_tensor_split_across_rank_files_is_copied_by_the_kernel_from_each_chunk_file(
+        tmp_path: Path, dim: int, at: int, kernel: bool) -> None:
+    """An FSDP-style dim-0 split is two long byte ranges, one in each rank file: each a
+    kernel copy (no trip through Python memory), as a local safetensors tensor is; a dim-1
+    split is two short pieces a row, read through memory (a system call a piece would cost
+    more). The output is the whole tensor either way."""
+    full = torch.randn(600, 1024, generator=torch.Generator().manual_seed(3))  # rows of 4 KiB
+    src = two_ranks(tmp_path, "w", full, dim, at)
+    rule = tmp_path / "rename.yaml"
+    rule.write_text(RENAME)
+    the_plan, opened = api.plan_open(rule, sources={"src": str(src)})
+    with opened:
+        pieces = list(the_plan.outputs[0].recipe.local_pieces(opened))
+    copies = [(path.name, offset >= 0, length) for path, offset, length in
+              (p for p in pieces if isinstance(p, tuple))]
+    assert copies == ([("__0_0.distcp", True, 300 * 4096), ("__1_0.distcp", True, 300 * 4096)] if kernel else [])
+    api.apply(rule, out=tmp_path / "out", sources={"src": str(src)}, progress=False, fsync=False)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(tmp_path / "out" / "model.safetensors")["x"], full)

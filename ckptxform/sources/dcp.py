@@ -180,7 +180,8 @@ def training_state_reason(key: str) -> str | None:
     head = key.split(".", 1)[0]
     if head in TRAINING_STATE:
         return f"{TRAINING_STATE[head]} saved by the trainer (entry {head!r}): not a model weight, never read"
-    if key.rsplit(".", 1)[-1].startswith("_extra_state"):  # Megatron's: "...linear_qkv._extra_state/shard_0_2"
+    # Megatron's: "...linear_qkv._extra_state/shard_0_2", an expert's "..._extra_state/shard_0.3_2.4"
+    if key.split("/", 1)[0].rsplit(".", 1)[-1].startswith("_extra_state"):
         return "a module's extra state (e.g. TransformerEngine's FP8 scaling metadata): not a weight, never read"
     return None
 

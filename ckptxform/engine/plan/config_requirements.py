@@ -36,11 +36,17 @@ def config_sources(rules: RuleSet) -> set[str]:
 
 
 def check_config_requirements(rules: RuleSet, written: Mapping[str, Any] | None,
-                              ckpts: Mapping[str, Checkpoint], vocab: Mapping[str, VocabMap]) -> None:
+                              ckpts: Mapping[str, Checkpoint], vocab: Mapping[str, VocabMap], *,
+                              of_sources: bool = False) -> None:
     """Raise ``RequirementError`` with one line per failed assertion of ``require.config``;
-    ``written`` is the config.json the plan will write (None when the rule writes none)."""
+    ``written`` is the config.json the plan will write (None when the rule writes none).
+    ``of_sources``: only the assertions about a source's config (``of``), which need no
+    output: the planner decides them first, so that a rule given a checkpoint it is not for
+    (a dense rule, an MoE checkpoint) says so, not that the checkpoint's tensors match no rule."""
     problems: list[str] = []
     for item in rules.require.config:
+        if of_sources and item.of is None:
+            continue
         head = f"require.config.{item.path} ({item.where.short})"
         try:
             problem = _check(item, rules, written, ckpts, vocab, head)

@@ -155,6 +155,7 @@ class _Planner:
         if self.rules.convert is None:
             raise PlanError(f"{self.rules.path}: no 'convert' source; name the source the rules convert")
         self._load_vocab_maps()
+        check_config_requirements(self.rules, None, self.ckpts, self.vocab, of_sources=True)
         for source in _matched_sources(self.rules):
             self._plan_matched_source(source)
         for entry in self.rules.add.values():
