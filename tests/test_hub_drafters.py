@@ -103,7 +103,9 @@ def test_mtp_extract_from_the_hub_asks_nothing_of_the_main_stack_shards(served: 
     weight_map = _weight_map(served.verifier)
     (mtp_file,) = {f for k, f in weight_map.items() if k.startswith("mtp.")}
     requested = {r.path.rpartition("/")[2] for r in file_requests(served.server.log)}
-    assert requested == {"config.json", "model.safetensors.index.json", mtp_file}
+    # (model.safetensors: the single-file probe asked beside the index, a miss: open_hub's)
+    assert requested - {"model.safetensors"} == {"config.json", "model.safetensors.index.json", mtp_file}
+    assert [r.status for r in file_requests(served.server.log) if r.path.endswith("/model.safetensors")] == [404]
     size = (served.verifier / mtp_file).stat().st_size
     assert size > SPECULATIVE_HEADER
     spans = _spans(_requests_of(served.server.log, mtp_file), size)
