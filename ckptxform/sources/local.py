@@ -38,7 +38,12 @@ from ckptxform.sources.file_listing import local_files
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
-from ckptxform.sources.safetensors_header import check_index_matches_shards, header_length, read_header
+from ckptxform.sources.safetensors_header import (
+    check_index_matches_shards,
+    check_shard_matches_index,
+    header_length,
+    read_header,
+)
 from ckptxform.sources.strict_json import parse_json_object
 
 CONFIG = "config.json"
@@ -225,7 +230,8 @@ class LocalCheckpoint(LazyShards):
         checked against what ``index`` maps to it."""
         try:
             infos, self.metadata[file] = _read_one_header(self.root, file, self._pins)
-            check_index_matches_shards(listed, {file: [t.key for t in infos]}, label=index)
+            assert isinstance(self.tensors, LazyTensors)
+            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in infos], label=index)
         except CkptxformError as err:  # raised while planning, far from open_local
             err.source = err.source or self.name
             raise

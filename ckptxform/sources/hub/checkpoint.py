@@ -74,7 +74,7 @@ from ckptxform.sources.hub.index import load_json
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
-    check_index_matches_shards,
+    check_shard_matches_index,
     header_length,
     parse_header_json,
     parse_index_json,
@@ -329,7 +329,9 @@ class HubCheckpoint(LazyShards):
         try:
             tensors = self._header(file)
             assert tensors is not None
-            check_index_matches_shards(listed, {file: [t.key for t in tensors]}, label=self._label(SAFETENSORS_INDEX))
+            assert isinstance(self.tensors, LazyTensors)
+            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in tensors],
+                                      label=self._label(SAFETENSORS_INDEX))
         except CkptxformError as err:  # raised while planning, far from open_hub
             err.source = err.source or self.name
             raise
