@@ -92,6 +92,16 @@ def test_mtp_extract_opens_only_the_shards_holding_mtp_tensors(tmp_path: Path, m
                                                                            if k.startswith("mtp.")}
 
 
+def test_plan_says_which_shards_it_did_not_open(run_cli: Any, tmp_path: Path) -> None:
+    verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=15, num_shards=4).path
+    weight_map = _weight_map(verifier)
+    main_files = sorted(set(weight_map.values()) - {f for k, f in weight_map.items() if k.startswith("mtp.")})
+    proc = run_cli("plan", EXTRACT, "--source", f"verifier={verifier}")
+    assert proc.returncode == 0, proc.stderr
+    assert ("  verifier: 3 shards not opened (every key its index gives them is skipped): "
+            + ", ".join(map(repr, main_files))) in proc.stdout.splitlines()
+
+
 def test_a_shard_the_plan_needs_after_all_is_read_and_recorded_whole(tmp_path: Path) -> None:
     """require.strict: false, a main-stack shard's keys matched by no rule (not read), and
     an ``add`` of a tensor in another main-stack shard: that shard is read, its keys get
@@ -156,16 +166,16 @@ def _extract(tmp_path: Path, verifier: Path, name: str) -> Path:
     return api.apply(EXTRACT, out=tmp_path / name, sources={"verifier": str(verifier)}, progress=False).out
 
 
-def _graft(tmp_path: Path, drafter: Path, verifier: Path) -> Path:
+def _graft(tmp_path: Path, drafter: Path, verifier: Path, jobs: int | None = None) -> Path:
     return api.apply(GRAFT, out=tmp_path / "grafted", sources={"drafter": str(drafter), "verifier": str(verifier)},
-                     progress=False).out
+                     progress=False, jobs=jobs).out
 
 
-@pytest.mark.parametrize("seed", [21, 22])
-def test_mtp_graft_of_the_unchanged_drafter_writes_the_verifiers_files_byte_for_byte(tmp_path: Path,
-                                                                                    seed: int) -> None:
+@pytest.mark.parametrize(("seed", "jobs"), [(21, None), (22, 2)])
+def test_mtp_graft_of_the_unchanged_drafter_writes_the_verifiers_files_byte_for_byte(
+        tmp_path: Path, seed: int, jobs: int | None) -> None:
     verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=seed, num_shards=4).path
-    out = _graft(tmp_path, _extract(tmp_path, verifier, "drafter"), verifier)
+    out = _graft(tmp_path, _extract(tmp_path, verifier, "drafter"), verifier, jobs)
     weights = sorted(p.name for p in verifier.glob("*.safetensors"))
     assert sorted(p.name for p in out.glob("*.safetensors")) == weights
     assert {name: _sha256(out / name) for name in weights} == {name: _sha256(verifier / name) for name in weights}

@@ -12,6 +12,7 @@ it: such a shard's keys are only listed, never read or written.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
@@ -37,6 +38,7 @@ class LazyTensors(Mapping[str, TensorInfo]):
         for key, file in weight_map.items():
             self._by_file.setdefault(file, {})[key] = file
         self._shards: dict[str, dict[str, TensorInfo]] = {}
+        self._lock = threading.Lock()  # one read of a header when two threads ask for it at once
 
     @property
     def loaded_files(self) -> tuple[str, ...]:
@@ -50,7 +52,9 @@ class LazyTensors(Mapping[str, TensorInfo]):
     def shard(self, file: str) -> dict[str, TensorInfo]:
         """The tensors of one shard (its header is read the first time)."""
         if file not in self._shards:
-            self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
+            with self._lock:
+                if file not in self._shards:
+                    self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
         return self._shards[file]
 
     def __getitem__(self, key: str) -> TensorInfo:
