@@ -241,6 +241,38 @@ def test_shards_like_puts_a_new_key_in_the_last_file_and_writes_a_new_header_the
     assert verify(out).tensors == len(weight_map) + 1
 
 
+def test_shards_like_a_source_no_rule_reads_lists_its_tensors_and_pins_its_files(tmp_path: Path) -> None:
+    """The layout comes from another source's headers: they are read by the plan (so a
+    changed one makes the output stale) and each of its tensors is in the audit."""
+    import shutil
+
+    verifier = build_qwen3_next_verifier(tmp_path / "Qwen3-Next", seed=25, num_shards=3).path
+    layout = tmp_path / "layout"
+    shutil.copytree(verifier, layout)
+    rule = tmp_path / "rule.yaml"
+    rule.write_text(textwrap.dedent(f"""\
+        version: 1
+        name: copy-as-laid-out
+        sources:
+          verifier: {{path: {verifier}}}
+          layout: {{path: {layout}}}
+        convert: verifier
+        tensors:
+          - match: '.+'
+        output:
+          shards: {{like: layout}}
+        """))
+    out = api.apply(rule, out=tmp_path / "out", progress=False).out
+    weight_map = _weight_map(layout)
+    assert {name: _sha256(out / name) for name in set(weight_map.values())} == {
+        name: _sha256(layout / name) for name in set(weight_map.values())}
+    records = [e for e in read_audit(out) if e["event"] == "tensor" and e["source"] == "layout"]
+    assert sorted(e["key"] for e in records) == sorted(weight_map)
+    assert all(e["action"] == "unused" and "output.shards.like" in e["reason"] for e in records)
+    read = set(read_audit(out)[0]["files_read"])
+    assert {str((layout / name).resolve()) for name in set(weight_map.values())} <= read
+
+
 @pytest.mark.parametrize(("output", "message"), [
     ("shards: {like: verifer}", "output.shards.like: unknown source 'verifer' (defined: verifier); did you mean 'verifier'?"),
     ("shards: {like: verifier}\n  max_shard_size: 5GB",

@@ -163,6 +163,7 @@ class _Planner:
         for entry in self.rules.add.values():
             self._plan_add(entry)
         self._check_ties()
+        self._read_layout_source()
         check_requirements(self.rules, self.outputs, self.producer, self.ckpts[self.rules.convert].tensor_keys())
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
@@ -393,6 +394,19 @@ class _Planner:
         self._add_output(OutputPlan(entry.key, dtype, info.shape, CopyTensor(entry.source, info.key),
                                     info.dtype, where, loaded=False), label)
         self._record(entry.source, info, "copied", entry.key, where, f"added as {entry.key!r}")
+
+    def _read_layout_source(self) -> None:
+        """The headers of the source the output is laid out like (``output.shards.like``),
+        read now: the layout is decided from them, so they are pinned with the plan's reads
+        (a changed one makes an output stale) and their tensors are in the audit."""
+        like = self.rules.output.shards_like
+        if like is None:
+            return
+        ckpt = self.ckpts[like]
+        for file in ckpt.files:
+            for info in ckpt.tensors_of_file(file):
+                self._record(like, info, "unused", None, None,
+                             f"in {file}, read to lay the output out like it (output.shards.like); no rule reads it")
 
     # -- completeness of the audit ---------------------------------------------------------
     def _record_unused(self) -> None:
