@@ -77,6 +77,7 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
                          f"({r.from_source / max(1, r.total):.1%}), {r.filled:,} filled{fill}")
     counts = ", ".join(f"{n} {action}" for action, n in sorted(plan.counts().items()))
     lines.append(f"source tensors: {len(plan.records)} accounted for ({counts})")
+    lines.extend(_unread_text(plan))
     lines.extend(not_carried_text(plan, verbose=verbose))
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
@@ -90,6 +91,17 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return _screen(lines)
+
+
+def _unread_text(plan: Plan) -> list[str]:
+    """A line per source with shards never opened (every key the index gives them skipped)."""
+    unread: dict[str, set[str]] = {}
+    for record in plan.records:
+        if record.unread_file is not None:
+            unread.setdefault(record.source, set()).add(record.unread_file)
+    return [f"  {printable(source)}: {len(files)} shard{'s' if len(files) != 1 else ''} not opened (every key "
+            f"its index gives {'them' if len(files) != 1 else 'it'} is skipped): "
+            + quote_keys(sorted(files), limit=_SHOWN) for source, files in sorted(unread.items())]
 
 
 def _files_text(plan: Plan) -> list[str]:

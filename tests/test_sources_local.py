@@ -236,8 +236,8 @@ def test_close_releases_descriptors_even_on_error(tmp_path: Path) -> None:
     ckpt = open_local(tmp_path / "ok")
     ckpt.read(ckpt.tensors["d2t"])
     ckpt.close()
-    with pytest.raises(CheckpointFormatError):
-        open_local(tmp_path / "bad")
+    with pytest.raises(CheckpointFormatError), open_local(tmp_path / "bad") as bad:
+        list(bad.tensors)  # each shard's header is read (and checked) when it is first needed
     assert len(os.listdir("/proc/self/fd")) == before
 
 
@@ -658,19 +658,27 @@ def test_index_maps_key_to_a_shard_without_it(tmp_path: Path) -> None:
     index = (
         sharded(tmp_path, {**full_map(), "d2t": SHARD_NAMES[0]}) / "model.safetensors.index.json"
     )
-    with pytest.raises(CheckpointFormatError) as err:
-        open_local(tmp_path)
+    # A shard's header is read when one of its tensors is first needed, and checked then
+    # against the whole index: whichever of the two shards is read first says it.
+    with pytest.raises(CheckpointFormatError) as err, open_local(tmp_path) as ckpt:
+        ckpt.tensors_of_file(SHARD_NAMES[0])
     assert str(err.value) == (
-        f"{index}: maps 'd2t' to shard '{SHARD_NAMES[0]}', which does not hold it ('d2t' is in "
-        f"'{SHARD_NAMES[1]}'); the index and the shards disagree (re-download both)"
+        f"{index}: maps 'd2t' to shard '{SHARD_NAMES[0]}', which does not hold it; the index and the "
+        "shards disagree (re-download both)"
+    )
+    with pytest.raises(CheckpointFormatError) as err, open_local(tmp_path) as ckpt:
+        ckpt.tensors["t2d"]  # in the other shard, with d2t
+    assert str(err.value) == (
+        f"{index}: shard '{SHARD_NAMES[1]}' holds 'd2t', which the index maps to '{SHARD_NAMES[0]}'; a tensor "
+        "must live in the one shard the index names (re-download both, or re-save the checkpoint)"
     )
 
 
 def test_shard_holds_keys_the_index_does_not_list(tmp_path: Path) -> None:
     weight_map = {k: v for k, v in full_map().items() if k not in ("t2d", "empty")}
     index = sharded(tmp_path, weight_map) / "model.safetensors.index.json"
-    with pytest.raises(CheckpointFormatError) as err:
-        open_local(tmp_path)
+    with pytest.raises(CheckpointFormatError) as err, open_local(tmp_path) as ckpt:
+        list(ckpt.tensors)
     assert str(err.value) == (
         f"{index}: shard '{SHARD_NAMES[1]}' holds 'empty', 't2d', which the index does not "
         "list, so loaders would silently drop them; add them to weight_map or re-save the "
@@ -684,11 +692,11 @@ def test_same_key_in_two_shards(tmp_path: Path) -> None:
         SHARD_NAMES[1]: {**SHARD_2, "fc.weight": TENSORS["fc.weight"]},
     }
     index = write_sharded(tmp_path, shards, full_map()) / "model.safetensors.index.json"
-    with pytest.raises(CheckpointFormatError) as err:
-        open_local(tmp_path)
+    with pytest.raises(CheckpointFormatError) as err, open_local(tmp_path) as ckpt:
+        list(ckpt.tensors)
     assert str(err.value) == (
-        f"{index}: tensor 'fc.weight' is stored in both '{SHARD_NAMES[0]}' and "
-        f"'{SHARD_NAMES[1]}'; a tensor must live in one shard (re-save the checkpoint)"
+        f"{index}: shard '{SHARD_NAMES[1]}' holds 'fc.weight', which the index maps to '{SHARD_NAMES[0]}'; a "
+        "tensor must live in the one shard the index names (re-download both, or re-save the checkpoint)"
     )
 
 

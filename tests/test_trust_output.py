@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read_audit, source_args
+from conftest import LM_HEAD, read_audit, source_args
 from safetensors.torch import load_file, save_file
 from test_crash import CRASH_DIMS, output_files, wait_for_tmp
 from test_reliability import apply_args, beside, copy_drafter, flip_byte, one_error, snapshot, tree_digest
@@ -212,10 +212,17 @@ def test_a_changed_vocab_file_makes_the_output_stale(
     d2t_before = load_file(out / "model.safetensors")["d2t"]
 
     write_vocab_file(vocab, Path(headline.drafter.path))  # another vocabulary, same path
-    refused_as(run_cli, rules, headline.sources, out, f"an earlier {real(vocab)} (written to or replaced since)",
+    # the drafter's own vocabulary misses no row: the verifier's lm_head shard is not read now
+    refused_as(run_cli, rules, headline.sources, out, f"{real(_lm_head_shard(headline))}, which this run does not read",
+               f"an earlier {real(vocab)} (written to or replaced since)",
                f"a different plan than {str(rules)!r} now decides")
     forced_then_up_to_date(run_cli, rules, headline.sources, out)
     assert not load_file(out / "model.safetensors")["d2t"].equal(d2t_before)
+
+
+def _lm_head_shard(headline: HeadlineStandins) -> Path:
+    verifier = Path(headline.verifier.path)
+    return verifier / json.loads((verifier / "model.safetensors.index.json").read_text())["weight_map"][LM_HEAD]
 
 
 def test_a_changed_source_config_makes_the_output_stale(
@@ -313,8 +320,12 @@ def test_the_run_record_carries_the_digest_of_the_plan_and_every_file_read(
         headline: HeadlineStandins, headline_out: Path) -> None:
     run = read_audit(headline_out)[0]
     read = set(run["files_read"])
-    for loc in headline.sources.values():
+    for name in ("drafter", "target_vocab"):
+        loc = headline.sources[name]
         assert {str(p.resolve()) for p in Path(loc).glob("*.safetensors")} <= read, loc
+    # of the verifier's shards, only the one holding lm_head (its rows fill the missing ones) is read
+    shards = {str(p.resolve()) for p in Path(headline.sources["verifier"]).glob("*.safetensors")}
+    assert len(shards) > 1 and shards & read == {str(_lm_head_shard(headline).resolve())}
     drafter, verifier = Path(headline.sources["drafter"]).resolve(), Path(headline.sources["verifier"]).resolve()
     assert {str(drafter / "config.json"), str(verifier / "model.safetensors.index.json")} <= read
     stat = (drafter / "model.safetensors").stat()

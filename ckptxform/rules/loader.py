@@ -157,7 +157,7 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
     output = OutputSpec(
         max_shard_size=parse_size(out["max_shard_size"]) if "max_shard_size" in out else None,
         dtype=out.get("dtype"), file_name=out.get("file_name", "model.safetensors"),
-        config_file=out.get("config_file", "config.json"))
+        config_file=out.get("config_file", "config.json"), shards_like=(out.get("shards") or {}).get("like"))
     convert = m.scalars["convert"].value if "convert" in m.scalars else (
         next(iter(sources)) if len(sources) == 1 else None)
     name = m.scalars["name"].value if "name" in m.scalars else Path(label).stem

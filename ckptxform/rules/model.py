@@ -198,6 +198,9 @@ class OutputSpec:
     dtype: str | None = None
     file_name: str = "model.safetensors"
     config_file: str = "config.json"  # Meta/Mistral layouts read params.json
+    #: ``shards: {like: SOURCE}``: the output's files are that source's (names, which tensor
+    #: goes in which, their order), not packed afresh by max_shard_size
+    shards_like: str | None = None
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,13 @@ def semantic_problems(m: Merged) -> list[Problem]:
                 and len(sources) != 1:
             report(node, (), "no 'from', and no 'convert' source to copy from by default; name the source")
 
+    shards = m.output.get("shards")
+    if shards is not None:
+        check_ref(shards, ("like",), "source", sources)
+        for other in ("max_shard_size", "file_name"):
+            if other in m.output:
+                report(shards, ("like",), f"the output's files are those of the source named here, so "
+                       f"output.{other} has nothing to decide; remove one of the two")
     loaded = m.require.get("loaded")
     if loaded is not None and isinstance(loaded.value, list):
         for i, _ in enumerate(loaded.value):

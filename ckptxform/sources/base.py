@@ -126,6 +126,24 @@ class Checkpoint(ABC):
         """Every tensor stored in ``file`` (its header is read if it was not yet)."""
         return [info for info in self.tensors.values() if info.file == file]
 
+    def tensor_keys(self) -> list[str]:
+        """Every tensor key, without reading a header that was not read yet (a sharded
+        checkpoint's: from its index)."""
+        return list(self.tensors)
+
+    def raw_header(self, file: str) -> bytes:
+        """Safetensors ``file``'s first bytes as it holds them: the 8-byte length and the
+        header (what an output laid out like this source copies for a file it leaves
+        unchanged); the header of a file whose tensors were listed."""
+        raise UsageError(f"{self.location}: {file!r} is not a safetensors file; an output can be laid out only "
+                         "like a safetensors source")
+
+    def unread_header_keys(self, file: str) -> list[str] | None:
+        """The keys the index assigns to ``file`` when its header has not been read
+        (sorted: their offsets are not known), else None. Reading one of its tensors, or
+        ``tensors_of_file``, reads it."""
+        return None
+
     def fingerprint(self) -> str | None:
         """The audit's ``fingerprint`` of a source: the commit of a Hub source; for local
         files, a digest of each weight file's name, size and mtime. (Whether a rerun is up

@@ -1,7 +1,8 @@
 """Checkpoints on the local disk, indexed from headers only and read by byte range.
 
 ``open_local`` accepts what people have on disk (which files that is: ``local_layout``).
-Safetensors are indexed with two ``os.pread`` calls per file and read by byte range; a
+Safetensors are indexed with two ``os.pread`` calls per file (a sharded checkpoint's
+shard by shard, when one of its tensors is first asked for) and read by byte range; a
 ``.bin`` is a pickle, so it is loaded (memory-mapped) with ``torch.load(weights_only=True)``,
 which refuses pickled code, and then read by byte range too where torch's zip format says
 where each tensor is (``ckptxform.sources.torch_bin``). Every file read is pinned,
@@ -34,9 +35,15 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
+from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
-from ckptxform.sources.safetensors_header import check_index_matches_shards, read_header
+from ckptxform.sources.safetensors_header import (
+    check_index_matches_shards,
+    check_shard_matches_index,
+    header_length,
+    read_header,
+)
 from ckptxform.sources.strict_json import parse_json_object
 
 CONFIG = "config.json"
@@ -74,9 +81,11 @@ def open_assets(path: str | Path, *, name: str | None = None) -> LocalCheckpoint
                            bin_tensors={}, pins={})
 
 
-class LocalCheckpoint(Checkpoint):
+class LocalCheckpoint(LazyShards):
     """A checkpoint on the local disk; build it with ``open_local``. Safetensors bytes
-    are read with ``os.pread`` on one descriptor per file, opened at its first read.
+    are read with ``os.pread`` on one descriptor per file, opened at its first read; a
+    sharded one's headers are read shard by shard as its tensors are asked for
+    (``LazyTensors``), so a plan of two shards of a 60-shard verifier reads two headers.
     A ``.bin`` tensor whose byte range is not known (a legacy non-zip pickle, a strided
     view: ``offset == -1``, ``local_path`` is None) is read from the memory-mapped tensor."""
 
@@ -99,7 +108,7 @@ class LocalCheckpoint(Checkpoint):
         self.tensors = tensors
         self.files = files
         #: each safetensors file's ``__metadata__`` (e.g. ``{"format": "pt"}``)
-        self.metadata = metadata
+        self.metadata: dict[str, Mapping[str, str]] = dict(metadata)
         self._descriptors: dict[str, int] = {}
         self._bin_tensors = bin_tensors
         #: every file read so far (weight files, index, config.json), keyed by relative name
@@ -200,6 +209,36 @@ class LocalCheckpoint(Checkpoint):
             self._descriptors.clear()
             self._bin_tensors = {}
 
+    def raw_header(self, file: str) -> bytes:
+        if file not in self.files or file in self._bin_tensors or not file.endswith(".safetensors"):
+            return super().raw_header(file)
+        self.tensors_of_file(file)  # its header read and the file pinned, if not yet
+        label = str(self.root / file)
+        try:
+            fd = self._descriptor(file)  # refuses a file changed since it was pinned
+            n = header_length(_pread(fd, 0, 8), file_size=self._pins[file].size, label=label)
+            blob = _pread(fd, 0, 8 + n)
+        except OSError as exc:
+            raise _unreadable(exc, label, source=self.name) from None
+        if len(blob) != 8 + n:
+            raise CheckpointFormatError(f"{label}: file ends inside its header; it was truncated after it was "
+                                        "indexed (re-download it)", path=label)
+        return blob
+
+    def _load_shard(self, index: str, file: str, listed: Mapping[str, str]) -> list[TensorInfo]:
+        """The tensors of shard ``file`` from its header, read now (the file pinned first),
+        checked against what ``index`` maps to it."""
+        try:
+            infos, self.metadata[file] = _read_one_header(self.root, file, self._pins)
+            assert isinstance(self.tensors, LazyTensors)
+            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in infos], label=index)
+        except CkptxformError as err:  # raised while planning, far from open_local
+            err.source = err.source or self.name
+            raise
+        except OSError as exc:
+            raise _unreadable(exc, self.root / file, source=self.name) from None
+        return infos
+
     def _descriptor(self, file: str) -> int:
         with self._lock:
             if file not in self._descriptors:
@@ -244,6 +283,14 @@ def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalChe
     pins: dict[str, FilePin] = {}
     if layout.index is not None and layout.index_pin is not None:
         pins[layout.index.name] = layout.index_pin
+    if layout.kind == "safetensors" and layout.weight_map is not None and layout.index is not None:
+        # Sharded: no header read yet (each shard's when one of its tensors is asked for);
+        # every shard the index names exists (checked above: a stat, not a read).
+        ckpt = LocalCheckpoint(location=location, name=name, root=layout.root, tensors={}, files=layout.files,
+                               metadata={}, bin_tensors={}, pins=pins)
+        ckpt.tensors = LazyTensors(layout.weight_map, layout.files,
+                                   functools.partial(ckpt._load_shard, str(layout.index)))
+        return ckpt
     if layout.kind == "safetensors":
         per_file, metadata = _read_safetensors_headers(layout, pins)
         bin_tensors: dict[str, dict[str, Any]] = {}
@@ -296,18 +343,18 @@ def _read_safetensors_headers(
     per_file: dict[str, list[TensorInfo]] = {}
     metadata: dict[str, dict[str, str]] = {}
     for file in layout.files:
-        fd = os.open(layout.root / file, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            pins[file] = pin_fd(layout.root / file, fd)
-            per_file[file], metadata[file] = read_header(
-                functools.partial(_pread, fd),
-                file=file,
-                file_size=pins[file].size,
-                label=str(layout.root / file),
-            )
-        finally:
-            os.close(fd)
+        per_file[file], metadata[file] = _read_one_header(layout.root, file, pins)
     return per_file, metadata
+
+
+def _read_one_header(root: Path, file: str, pins: dict[str, FilePin]) -> tuple[list[TensorInfo], dict[str, str]]:
+    """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``."""
+    fd = os.open(root / file, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        pins[file] = pin_fd(root / file, fd)
+        return read_header(functools.partial(_pread, fd), file=file, file_size=pins[file].size, label=str(root / file))
+    finally:
+        os.close(fd)
 
 
 def _check_places(runs: Sequence[tuple[int, int]], at: Sequence[int], width: int, room: int) -> None:

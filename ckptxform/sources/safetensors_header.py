@@ -194,6 +194,23 @@ def check_index_matches_shards(
         )
 
 
+def check_shard_matches_index(weight_map: Mapping[str, str], listed: Mapping[str, str], shard: str,
+                              keys: Collection[str], *, label: str) -> None:
+    """Raise unless shard ``shard``'s own header (``keys``) holds exactly what the index
+    (``weight_map``; ``listed``: its part naming ``shard``) maps to it: one shard checked as
+    it is read, the others perhaps never (a lazily read checkpoint: sources/lazy_index.py)."""
+    elsewhere = sorted(k for k in keys if k in weight_map and weight_map[k] != shard)
+    if elsewhere:
+        raise CheckpointFormatError(
+            f"{label}: shard {quote_short(shard)} holds {quote_keys(elsewhere, 3)}, which the index maps to "
+            f"{quote_short(weight_map[elsewhere[0]])}; a tensor must live in the one shard the index names "
+            "(re-download both, or re-save the checkpoint)",
+            path=label,
+            key=elsewhere[0],
+        )
+    check_index_matches_shards(listed, {shard: keys}, label=label)
+
+
 def _parse_metadata(raw: Any, label: str) -> dict[str, str]:
     # The safetensors crate reads ``"__metadata__": null`` as no metadata; so do we.
     if raw is None:

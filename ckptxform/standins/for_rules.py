@@ -236,7 +236,7 @@ STANDINS: dict[str, RuleStandin] = {
     "mtp_graft": RuleStandin(
         _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
         "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",
-        "grafting speculators' own extraction back gives the verifier byte for byte"),
+        "grafting speculators' own extraction back gives the verifier's shard files byte for byte"),
     "deepseek_nextn_extract": RuleStandin(
         lambda root: _model_as("verifier", build_kimi_k2(root / "DeepSeek-V3", DEEPSEEK_V3_61_TINY, num_shards=8,
                                                          nextn=True).path),

@@ -5,7 +5,8 @@
   [hidden, 2*hidden], ``pre_fc_norm_hidden``, ``pre_fc_norm_embedding``, ``norm`` and one
   full-attention MoE decoder layer ``mtp.layers.0.*`` with per-expert weights
   (``mlp.experts.E.{gate,up,down}_proj``), a shared expert and its gate. The MTP tensors
-  sit in the last shard, so a reader that goes through the index opens only that one.
+  sit in the last shard (with ``lm_head``, or alone), so a reader that goes through the
+  index opens only that one.
 
 Values are seeded by (seed, key), like every stand-in's: a changed seed changes every
 tensor, and ``mtp_seed`` changes only the MTP layer (a fine-tuned head).
@@ -64,9 +65,11 @@ def qwen3_next_mtp_specs(dims: Qwen3NextDims) -> list[TensorSpec]:
 
 
 def build_qwen3_next_verifier(out_dir: str | Path, dims: Qwen3NextDims = QWEN3_NEXT_TINY, *, seed: int = 0,
-                              mtp_seed: int | None = None, num_shards: int = 3) -> BuiltCheckpoint:
+                              mtp_seed: int | None = None, num_shards: int = 3,
+                              mtp_shard_alone: bool = False) -> BuiltCheckpoint:
     """A Qwen3-Next checkpoint in ``num_shards`` shards with an index: the main stack over
-    all but the last, ``lm_head`` and the ``mtp.*`` tensors in the last one."""
+    all but the last, ``lm_head`` and the ``mtp.*`` tensors in the last one (``lm_head``
+    with the main stack when ``mtp_shard_alone``)."""
     if num_shards < 2:
         raise UsageError(f"num_shards: {num_shards}; give at least 2 (the MTP layer has a shard of its own)")
     main = _main_specs(dims)
@@ -75,7 +78,7 @@ def build_qwen3_next_verifier(out_dir: str | Path, dims: Qwen3NextDims = QWEN3_N
     modules = [([(s.key, _nbytes(s))], (lambda s=s: {s.key: seeded_values(s, seed)})) for s in main]
     modules += [([(s.key, _nbytes(s))], (lambda s=s: {s.key: seeded_values(s, mtp_values)})) for s in mtp]
     names = [f"model-{n + 1:05d}-of-{num_shards:05d}.safetensors" for n in range(num_shards)]
-    layer_count = len(main) - 1  # lm_head goes with the MTP layer
+    layer_count = len(main) if mtp_shard_alone else len(main) - 1  # else lm_head goes with the MTP layer
 
     def placement(sizes: list[int]) -> list[int]:
         per = -(-layer_count // (num_shards - 1))

@@ -176,7 +176,7 @@ def plan_layout(
         names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
         index_file = f"{file_name}.index.json"
     copied_from = copied_from or {}
-    shards = tuple(_shard(name, _source_order(group, copied_from), metadata, copied_from)
+    shards = tuple(shard_layout(name, _source_order(group, copied_from), metadata, copied_from)
                    for name, group in zip(names, groups, strict=True))
     return OutputLayout(shards=shards, index_file=index_file)
 
@@ -216,8 +216,10 @@ def _header_pad(text_len: int, group: list[OutputTensorSpec], copied_from: Mappi
     return max(votes, key=lambda pad: (votes[pad], -pad)) if votes else -(8 + text_len) % 8
 
 
-def _shard(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None,
-           copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
+def shard_layout(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None,
+                 copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
+    """One output file of ``group``'s tensors, in that order, its header padded to line up
+    the unchanged copies among them (``copied_from``) with their source files."""
     # JSON keys follow data order (the safetensors library sorts by alignment instead;
     # readers do not care, and data order keeps the file in the plan's order).
     header: dict[str, Any] = {}

@@ -32,6 +32,7 @@ from .output_checks import key_problem, tie_problem, value_problem
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
+from .unread_shards import complete_unread_records, source_tensors, unread_record
 from .vocab_maps import read_vocab_map
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -126,6 +127,8 @@ def needed_sources(rules: RuleSet) -> list[str]:
     if rules.config and rules.config.from_source:
         names.add(rules.config.from_source)
     names.update(rule.source for rule in rules.file_rules)
+    if rules.output.shards_like:
+        names.add(rules.output.shards_like)
     names.update(config_sources(rules))
     return [name for name in rules.sources if name in names]
 
@@ -161,13 +164,15 @@ class _Planner:
         for entry in self.rules.add.values():
             self._plan_add(entry)
         self._check_ties()
-        check_requirements(self.rules, self.outputs, self.producer, list(self.ckpts[self.rules.convert].tensors))
+        self._read_layout_source()
+        check_requirements(self.rules, self.outputs, self.producer, self.ckpts[self.rules.convert].tensor_keys())
         self._record_unused()
         config = build_config(self.rules, self.ckpts, self.vocab) if self.rules.config else None
         check_config(config, self.outputs, self.rules)
-        self.warnings += check_quantize(self.rules, config, self.ckpts[self.rules.convert].tensors)
+        self.warnings += check_quantize(self.rules, config, self.ckpts[self.rules.convert].tensor_keys())
         check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         check_config_requirements(self.rules, config, self.ckpts, self.vocab)
+        complete_unread_records(self.records, self.ckpts)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
                                fingerprint=ckpt.fingerprint())
@@ -184,7 +189,7 @@ class _Planner:
         ckpt = self.ckpts[source]
         info = ckpt.tensors.get(key)
         if info is None:
-            close = difflib.get_close_matches(key, list(ckpt.tensors), n=3, cutoff=0.5)
+            close = difflib.get_close_matches(key, ckpt.tensor_keys(), n=3, cutoff=0.5)
             hint = f"; closest keys: {quote_keys(close)}" if close else ""
             fix = fix or (f"correct the key in the rule file, or pass --source {source}=LOCATION "
                           "of a checkpoint that has it")
@@ -259,17 +264,19 @@ class _Planner:
         matched: dict[int, int] = {}
         unmatched: list[str] = []
         grouped: dict[int, list[TensorInfo]] = {}
-        for key, info in ckpt.tensors.items():
-            self.files_opened.setdefault(source, set()).add(info.file)
-            rule = next((r for r in rules if r.pattern.fullmatch(key)), None)
-            if rule is None:
-                if self.rules.require.strict:
-                    unmatched.append(key)
-                else:
-                    self._record(source, info, "skipped", None, None,
-                                 "no rule matches (require.strict: false)")
+        for key, info, rule in source_tensors(ckpt, rules, read_all=source == self.rules.output.shards_like):
+            if rule is None and self.rules.require.strict:
+                unmatched.append(key)
                 continue
-            matched[rule.index] = matched.get(rule.index, 0) + 1
+            if rule is not None:
+                matched[rule.index] = matched.get(rule.index, 0) + 1
+            if isinstance(info, str):  # a key of a shard not read: skipped by its rule (or, not strict, by none)
+                self.records[(source, key)] = unread_record(source, key, info, rule)
+                continue
+            self.files_opened.setdefault(source, set()).add(info.file)
+            if rule is None:
+                self._record(source, info, "skipped", None, None, "no rule matches (require.strict: false)")
+                continue
             if rule.skip is not None or rule.tie is not None:
                 self._plan_tie_or_skip(source, info, rule)
             elif rule.template is None:  # binds the whole key: a group of one, complete now
@@ -286,7 +293,7 @@ class _Planner:
         for entry in ckpt.unread:  # a trainer's optimizer state, pickled objects: listed, never read
             self.records[(source, entry.key)] = TensorRecord(source, entry.key, "skipped", None, entry.shape,
                                                              entry.dtype, None, entry.reason)
-        keys = list(ckpt.tensors)
+        keys = ckpt.tensor_keys()
         for rule in rules:
             # A rule overridden by an earlier one (a child file's, under extends) matches
             # keys but takes none: that is intended, not worth a warning.
@@ -388,6 +395,19 @@ class _Planner:
         self._add_output(OutputPlan(entry.key, dtype, info.shape, CopyTensor(entry.source, info.key),
                                     info.dtype, where, loaded=False), label)
         self._record(entry.source, info, "copied", entry.key, where, f"added as {entry.key!r}")
+
+    def _read_layout_source(self) -> None:
+        """The headers of the source the output is laid out like (``output.shards.like``),
+        read now: the layout is decided from them, so they are pinned with the plan's reads
+        (a changed one makes an output stale) and their tensors are in the audit."""
+        like = self.rules.output.shards_like
+        if like is None:
+            return
+        ckpt = self.ckpts[like]
+        for file in ckpt.files:
+            for info in ckpt.tensors_of_file(file):
+                self._record(like, info, "unused", None, None,
+                             f"in {file}, read to lay the output out like it (output.shards.like); no rule reads it")
 
     # -- completeness of the audit ---------------------------------------------------------
     def _record_unused(self) -> None:

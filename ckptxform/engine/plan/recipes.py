@@ -484,16 +484,22 @@ class TensorRecord:
     key: str
     action: str
     target: str | tuple[str, ...] | None
-    shape: tuple[int, ...]
-    dtype: str
+    #: None (both) for a skipped key of a shard whose header was not read (``unread_file``)
+    shape: tuple[int, ...] | None
+    dtype: str | None
     rule: str | None
     reason: str
+    #: the shard the index assigns the key to, when its header was not read: every key the
+    #: index gives it is skipped, so nothing of it is needed (the event says
+    #: ``"file": ..., "header": "not read"`` in place of shape and dtype)
+    unread_file: str | None = None
 
     def to_event(self) -> dict[str, Any]:
         target = list(self.target) if isinstance(self.target, tuple) else self.target
+        header: dict[str, Any] = ({"shape": list(self.shape), "dtype": self.dtype} if self.shape is not None
+                                  else {"file": self.unread_file, "header": "not read"})
         return {"event": "tensor", "source": self.source, "key": self.key, "action": self.action,
-                "target": target, "shape": list(self.shape), "dtype": self.dtype,
-                "rule": self.rule, "reason": self.reason}
+                "target": target, **header, "rule": self.rule, "reason": self.reason}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
 from ..plan.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ..plan.layout_like import plan_layout_like
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from .executors import check_executor
@@ -32,9 +33,14 @@ __all__ = ["ApplyResult", "WrittenTensor", "execute", "layout_of"]
 
 
 def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
-    """The output files of ``plan`` and where each tensor goes in them."""
-    return plan_layout([OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs],
-                       max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name,
+    """The output files of ``plan`` and where each tensor goes in them: packed into shards
+    of ``output.max_shard_size``, or in the files of the source ``output.shards.like`` names."""
+    specs = [OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs]
+    like = plan.rules.output.shards_like
+    if like is not None:
+        return plan_layout_like(specs, source=like, ckpt=sources.checkpoints[like],
+                                copied_from=_copied_from(plan, sources))
+    return plan_layout(specs, max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name,
                        copied_from=_copied_from(plan, sources))
 
 

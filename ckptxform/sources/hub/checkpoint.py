@@ -54,7 +54,7 @@ from ckptxform.errors import (
     register_secret,
 )
 from ckptxform.log import logger
-from ckptxform.sources.base import Checkpoint, TensorInfo, row_runs
+from ckptxform.sources.base import TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
 from ckptxform.sources.hub.bounded import bound_hub_client
 from ckptxform.sources.hub.errors import HubWhere, Retry, call_hub
@@ -70,10 +70,11 @@ from ckptxform.sources.hub.fetch import (
     split_fetch_option,
 )
 from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
-from ckptxform.sources.hub.index import LazyTensors, load_json
+from ckptxform.sources.hub.index import load_json
+from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
-    check_index_matches_shards,
+    check_shard_matches_index,
     header_length,
     parse_header_json,
     parse_index_json,
@@ -146,7 +147,7 @@ def open_hub(
     return ckpt
 
 
-class HubCheckpoint(Checkpoint):
+class HubCheckpoint(LazyShards):
     """A safetensors checkpoint in a Hub repo at one commit; build it with ``open_hub``."""
 
     def __init__(
@@ -201,15 +202,6 @@ class HubCheckpoint(Checkpoint):
                 key=info.key,
             )
         return self._read_spans(info.file, _row_spans(info, runs))
-
-    def tensors_of_file(self, file: str) -> list[TensorInfo]:
-        """Every tensor of ``file``, from its own header alone: the base class scans
-        ``tensors``, which for a sharded repo would read every other shard's header."""
-        if file not in self.files:
-            return []
-        if isinstance(self.tensors, LazyTensors):
-            return sorted(self.tensors.shard(file).values(), key=lambda t: t.offset)
-        return super().tensors_of_file(file)
 
     def local_path(self, file: str) -> Path | None:
         if file not in self._local and self.commit is not None:
@@ -337,22 +329,39 @@ class HubCheckpoint(Checkpoint):
         try:
             tensors = self._header(file)
             assert tensors is not None
-            check_index_matches_shards(listed, {file: [t.key for t in tensors]}, label=self._label(SAFETENSORS_INDEX))
+            assert isinstance(self.tensors, LazyTensors)
+            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in tensors],
+                                      label=self._label(SAFETENSORS_INDEX))
         except CkptxformError as err:  # raised while planning, far from open_hub
             err.source = err.source or self.name
             raise
         return tensors
 
+    def raw_header(self, file: str) -> bytes:
+        if file not in self.files:
+            return super().raw_header(file)
+        self.tensors_of_file(file)  # its header read (and checked against the index), if not yet
+        return self._header_blob(file)[1]
+
     def _header(self, file: str, *, missing_ok: bool = False) -> list[TensorInfo] | None:
-        """The tensors of ``file``'s header: one request when the header fits in
-        ``SPECULATIVE_HEADER`` bytes, two otherwise."""
+        """The tensors of ``file``'s header."""
         label = self._label(file)
         try:
-            size = self._size(file)
+            size, raw = self._header_blob(file)
         except EntryNotFoundError:
             if missing_ok:
                 return None
             raise
+        tensors, metadata = parse_header_json(raw[8:], file=file, file_size=size, label=label)
+        self.metadata[file] = metadata
+        return tensors
+
+    def _header_blob(self, file: str) -> tuple[int | None, bytes]:
+        """``file``'s size and its first bytes, the 8-byte length and the header: one request
+        when the header fits in ``SPECULATIVE_HEADER`` bytes, two otherwise (asked again,
+        the same spans, which the range cache answers)."""
+        label = self._label(file)
+        size = self._size(file)
         first = self._read_spans(file, [Span(0, min(SPECULATIVE_HEADER, size or 8))], headers=True)[0]
         n = header_length(first[:8], file_size=size, label=label)
         blob = first[8 : 8 + n]
@@ -360,9 +369,7 @@ class HubCheckpoint(Checkpoint):
             blob += self._read_spans(file, [Span(8 + len(blob), 8 + n)], headers=True)[0]
         if len(blob) != n:
             raise CheckpointFormatError(f"{label}: file ends inside its {n}-byte header (re-upload it)", path=label)
-        tensors, metadata = parse_header_json(blob, file=file, file_size=size, label=label)
-        self.metadata[file] = metadata
-        return tensors
+        return size, first[:8] + blob
 
     def _small_file(self, file: str) -> Path | None:
         """A small file (config, index) through the Hugging Face cache; None if the

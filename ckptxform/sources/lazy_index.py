@@ -1,0 +1,95 @@
+"""The tensor index of a sharded safetensors checkpoint (local or Hub): a mapping over its
+``model.safetensors.index.json`` that reads a shard's header only when one of its tensors
+is looked up, so a plan that needs two shards of a 60-shard verifier reads two headers.
+
+What the index alone says (which keys exist, which file the index assigns each to) is
+known without a read; a shard's header, once read, is checked against the index's part
+for that shard (``check_index_matches_shards``, by the loader). An index that lies about a
+shard whose header is never read (a key it does not hold, one it holds but the index puts
+elsewhere, a file that is not a safetensors file at all) cannot be caught without reading
+it: such a shard's keys are only listed, never read or written.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+from ckptxform.sources.base import Checkpoint, TensorInfo
+
+__all__ = ["LazyShards", "LazyTensors"]
+
+
+class LazyTensors(Mapping[str, TensorInfo]):
+    """The tensors of a sharded checkpoint, keyed by the index; a shard's header is read
+    the first time one of its tensors is looked up. Membership and length come from the
+    index alone; iterating reads every header, file by file, in offset order."""
+
+    def __init__(
+        self,
+        weight_map: Mapping[str, str],
+        files: tuple[str, ...],
+        load: Callable[[str, Mapping[str, str]], list[TensorInfo]],
+    ) -> None:
+        self.weight_map = weight_map
+        self._files = files
+        self._load = load  # (file, the part of the weight map naming it) -> its tensors
+        self._by_file: dict[str, dict[str, str]] = {}
+        for key, file in weight_map.items():
+            self._by_file.setdefault(file, {})[key] = file
+        self._shards: dict[str, dict[str, TensorInfo]] = {}
+        self._lock = threading.Lock()  # one read of a header when two threads ask for it at once
+
+    @property
+    def loaded_files(self) -> tuple[str, ...]:
+        """The shards whose headers have been read so far."""
+        return tuple(self._shards)
+
+    def keys_of(self, file: str) -> list[str]:
+        """The keys the index assigns to ``file``, sorted; no header is read."""
+        return sorted(self._by_file.get(file, {}))
+
+    def shard(self, file: str) -> dict[str, TensorInfo]:
+        """The tensors of one shard (its header is read the first time)."""
+        if file not in self._shards:
+            with self._lock:
+                if file not in self._shards:
+                    self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
+        return self._shards[file]
+
+    def __getitem__(self, key: str) -> TensorInfo:
+        return self.shard(self.weight_map[key])[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.weight_map
+
+    def __iter__(self) -> Iterator[str]:
+        for file in self._files:
+            yield from self.shard(file)
+
+    def __len__(self) -> int:
+        return len(self.weight_map)
+
+
+class LazyShards(Checkpoint):
+    """What a checkpoint whose ``tensors`` may be a ``LazyTensors`` answers from its index
+    alone (a base of the local and the Hub checkpoints)."""
+
+    def tensors_of_file(self, file: str) -> list[TensorInfo]:
+        """Every tensor of ``file``, from its own header alone: the base class scans
+        ``tensors``, which would read every other shard's header."""
+        if not isinstance(self.tensors, LazyTensors):
+            return super().tensors_of_file(file)
+        if file not in self.files:
+            return []
+        return sorted(self.tensors.shard(file).values(), key=lambda t: t.offset)
+
+    def tensor_keys(self) -> list[str]:
+        if not isinstance(self.tensors, LazyTensors):
+            return super().tensor_keys()
+        return list(self.tensors.weight_map)
+
+    def unread_header_keys(self, file: str) -> list[str] | None:
+        if not isinstance(self.tensors, LazyTensors) or file in self.tensors.loaded_files:
+            return None
+        return self.tensors.keys_of(file)
