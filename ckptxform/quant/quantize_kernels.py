@@ -36,7 +36,7 @@ Non-finite weights are refused (``NonFiniteWeight``): their codes would be meani
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .fp4 import pack_e2m1
 from .layouts import Fp8Block
@@ -111,7 +111,7 @@ def _round(values: np.ndarray, dtype: str) -> np.ndarray:
     return (_bits16(values, dtype).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def _eps(dtype: str) -> float:
+def eps(dtype: str) -> float:
     import numpy as np
 
     return {"BF16": 2.0 ** -7, "F16": float(np.finfo(np.float16).eps), "F32": float(np.finfo(np.float32).eps)}[dtype]
@@ -156,6 +156,18 @@ def _e4m3_of_bits(dtype: str) -> np.ndarray:
 
 # -- FP8 ------------------------------------------------------------------------------
 
+def _on_torch() -> Any:
+    """``quantize_torch`` where dequantization runs on torch too (``kernels.backend``), else
+    None: the numpy kernels below (the light install, or ``CKPTXFORM_NUMERIC=numpy``)."""
+    from .kernels import backend
+
+    if backend().__name__.endswith(".torch_kernels"):
+        from . import quantize_torch
+
+        return quantize_torch
+    return None
+
+
 def _fp8_blocks(x: np.ndarray, layout: Fp8Block) -> np.ndarray:
     """``x`` as [block rows, bh, block cols, bw], zero-padded where an edge block is
     partial (zeros change no absmax, and their codes are cut off again)."""
@@ -177,12 +189,14 @@ def _fp8_scales(blocks: np.ndarray, dtype: str) -> np.ndarray:
 
     amax = _finite(np.maximum(blocks.max(axis=(1, 3)), -blocks.min(axis=(1, 3))))
     scale = _round(amax / np.float32(FP8_MAX), dtype)
-    scale[scale == 0] = np.float32(_eps(dtype))
+    scale[scale == 0] = np.float32(eps(dtype))
     return scale
 
 
 def fp8_scale_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> bytes:
     """The scale rows (in ``dtype``) of whole block rows of a weight."""
+    if (fast := _on_torch()) is not None:
+        return fast.fp8_scale_rows(weight, dtype, layout)
     return _stored(_fp8_scales(_fp8_blocks(_values(weight, dtype, layout.cols), layout), dtype), dtype)
 
 
@@ -194,6 +208,8 @@ def fp8_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> memoryview:
     >>> bytes(fp8_rows(w.tobytes(), "F32", Fp8Block(cols=4, block_rows=1, block_cols=4))).hex()
     '7ef60080'
     """
+    if (fast := _on_torch()) is not None:
+        return fast.fp8_rows(weight, dtype, layout)
     import numpy as np
 
     x = _values(weight, dtype, layout.cols)
