@@ -22,6 +22,17 @@ Buffer = bytes | bytearray | memoryview
 
 def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
         nan: np.ndarray | None) -> np.ndarray:
+    """One table gather where a table pays (quant/tables.py: 1.1 GB/s of bf16 a core here
+    against 0.43 for the arithmetic passes), else ``fp8_arithmetic``."""
+    from . import tables
+
+    if tables.fp8_worth_it(layout, rows):
+        return tables.fp8_block(weight, scale_inv, layout, rows, out_dtype)
+    return fp8_arithmetic(weight, scale_inv, layout, rows, out_dtype, nan)
+
+
+def fp8_arithmetic(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
+                   nan: np.ndarray | None) -> np.ndarray:
     blocks = layout.scale_rows(rows)
     s = np.frombuffer(scale_inv, dtype="<f4").reshape(blocks, layout.scale_cols)
     raw = np.frombuffer(weight, dtype=np.int8)
@@ -46,6 +57,17 @@ def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtyp
 
 def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
          out_dtype: str) -> np.ndarray:
+    """One table gather where a table pays (groups of 128: 0.7 GB/s of bf16 a core here
+    against 0.46 for the arithmetic passes; groups of 32: no gain), else ``int4_arithmetic``."""
+    from . import tables
+
+    if tables.int4_worth_it(layout):
+        return tables.int4_groups(packed, scale, layout, rows, zero_point, out_dtype)
+    return int4_arithmetic(packed, scale, layout, rows, zero_point, out_dtype)
+
+
+def int4_arithmetic(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
+                    out_dtype: str) -> np.ndarray:
     nibbles = _nibbles(np.frombuffer(packed, dtype=np.uint8).reshape(rows, layout.words * 4))[:, :layout.cols]
     values = _scratch(rows * layout.cols, np.float32).reshape(rows, layout.cols)
     if zero_point is None:
