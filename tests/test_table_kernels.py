@@ -216,3 +216,23 @@ def test_nvfp4_refuses_sizes_that_do_not_fit() -> None:
         dequant_nvfp4_rows(bytes(16), bytes(1), 1.0, layout, divide=True)
     with pytest.raises(ValueError, match="15 bytes are not whole rows of 16 bytes"):
         dequant_nvfp4_rows(bytes(15), bytes(2), 1.0, layout, divide=True)
+
+
+@pytest.mark.parametrize("divide", [True, False])
+@pytest.mark.parametrize("global_scale", [2688.0, -3.0, 0.0, float("inf")])
+def test_the_largest_nvfp4_scale_is_the_largest_of_all_group_scales(global_scale: float, divide: bool) -> None:
+    """What the finite check reads instead of every group scale: the same magnitude, and
+    not finite where any group scale is not (a NaN byte, 0/0, 0 * inf, an overflow)."""
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        e4m3 = rng.integers(0, 256, int(rng.integers(1, 40)), dtype=np.uint8)
+        if trial % 3 == 0:
+            e4m3 &= np.uint8(0x8F)  # small magnitudes, negative ones: the max is not the last byte
+        every = np.abs(np.frombuffer(nvfp4_scales(e4m3.tobytes(), global_scale, divide=divide), dtype=np.float32))
+        got = abs(float(np.frombuffer(kernels.nvfp4_largest_scale(e4m3.tobytes(), global_scale, divide=divide),
+                                      dtype=np.float32)[0]))
+        if np.isfinite(every).all():
+            assert got == float(every.max()), (e4m3, every)
+        else:
+            assert not np.isfinite(got), (e4m3, every)
+    assert kernels.nvfp4_largest_scale(b"", 1.0, divide=True) == b""

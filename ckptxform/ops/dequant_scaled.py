@@ -28,7 +28,7 @@ from typing import Any
 from ..dtypes import DTYPE_SIZES
 from ..errors import QuantizationConfigError
 from ..quant.group_schemes import NVFP4_GROUP, GroupSchemes, SchemeGroup, WeightScheme
-from ..quant.kernels import Fp4Groups, Fp8Block, dequant_fp8_rows, dequant_nvfp4_rows, nvfp4_scales
+from ..quant.kernels import Fp4Groups, Fp8Block, dequant_fp8_rows, dequant_nvfp4_rows, nvfp4_largest_scale
 from ..quant.pipeline import in_order
 from .base import Block, Context, InputTensor, Value, View
 from .decode import cast_bytes
@@ -202,6 +202,6 @@ def _nvfp4_blocks(block: Block, inputs: Sequence[InputTensor], rows: range,
         p = packed.read(start * layout.row_bytes, count * layout.row_bytes)
         e4m3 = scale.read(start * layout.groups, count * layout.groups)
         compute = partial(dequant_nvfp4_rows, p, e4m3, g, layout, divide=not modelopt, out_dtype=block.args["dtype"])
-        # the finite check reads the group scales (a sixteenth of the values), not the output
-        yield _checked(block, compute, start, scale=nvfp4_scales(e4m3, g, divide=not modelopt), scale_dtype="F32",
-                       largest_code=6.0)
+        # the finite check needs the largest group scale only, not the output
+        yield _checked(block, compute, start, scale=nvfp4_largest_scale(e4m3, g, divide=not modelopt),
+                       scale_dtype="F32", largest_code=6.0)

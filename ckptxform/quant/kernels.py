@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Fp4Groups", "Fp8Block", "Int4Groups", "dequant_fp4_rows", "dequant_fp8_rows", "dequant_int4_rows",
-           "dequant_nvfp4_rows", "nvfp4_scales", "tensor_view"]
+           "dequant_nvfp4_rows", "nvfp4_largest_scale", "nvfp4_scales", "tensor_view"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -170,6 +170,20 @@ def nvfp4_scales(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
     g = np.float32(global_scale)
     with np_errors_ignored():
         return (s / g if divide else s * g).astype(np.float32).tobytes()
+
+
+def nvfp4_largest_scale(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
+    """The F32 bytes of the group scale of largest magnitude that ``nvfp4_scales`` makes of
+    ``scale`` (empty for no scales; not finite where any of them is not), which is all a
+    finite check needs: an e4m3 magnitude grows with the byte's low 7 bits (0x7F is NaN),
+    and dividing or multiplying by one float32 keeps that order, so this is one reduction
+    of the bytes where converting every scale took a third of the NVFP4 kernel's time."""
+    import numpy as np
+
+    codes = np.frombuffer(scale, dtype=np.uint8)
+    if not codes.size:
+        return b""
+    return nvfp4_scales(bytes([int((codes & np.uint8(0x7F)).max())]), global_scale, divide=divide)
 
 
 def backend() -> Any:

@@ -2,20 +2,25 @@
 scale covers many codes, the block is one gather from a table of the output dtype's bits.
 
 - FP8 block-scaled: a 128x128 block's 16,384 values take at most 256 distinct values, one
-  per byte. The table of a block is the arithmetic kernel (numpy_kernels.fp8) run on the
+  per byte. The table of a block is the arithmetic kernel (numpy_kernels.fp8_arithmetic) run on the
   256 bytes under that block's scale, so each entry is, bit for bit, what the kernel
   computes per element (the float32 product rounded to nearest even in the output dtype),
   NaN bytes and non-finite scales included; its NaNs are made the one quiet NaN.
-- int4 per group: 16 codes a group, so the table of a group of 32 or 128 is 16 entries,
-  made by numpy_kernels.int4 on the codes 0..15 under the group's scale (and zero point).
+- int4 per group: 16 codes a group, so the table of a group of 128 is 16 entries, made by
+  numpy_kernels.int4_arithmetic on the codes 0..15 under the group's scale (and zero point).
+- NVFP4 and MXFP4: a group's scale is one byte (e4m3 times the tensor's global scale, or
+  e8m0), so each (scale byte, code byte) pair is one entry of a 65,536-entry table of the
+  byte's two output values (``nvfp4_pair_table``, mxfp4.pair_table).
 
-The gather runs over bands of a few rows so that its index (8 bytes an element: numpy's
-``take`` converts any other index dtype to intp first, a pass over the whole index) stays
-in the core's cache, and writes straight into the output array: decode, scale and round
-are one lookup an element, and no float32 array of the block is ever made. numpy releases
-the GIL in ``take``, so blocks run on several threads (quant/pipeline.py). The gather is
-numpy's on both backends: torch's index ops need int64 indices as well and were slower
-than numpy's ``take`` (benchmarks/README.md, "Fused kernels").
+The gather runs over bands of rows so that its index (8 bytes an element: numpy's
+``take`` converts any other index dtype to intp first, and fancy indexing with uint16 or
+uint8 indices was 1.4-2x slower) stays in cache, and writes straight into the output
+array: decode, scale and round are one lookup an element, and no float32 array of the
+block is made. numpy releases the GIL in ``take``, so blocks run on several threads
+(quant/pipeline.py). Which kernel runs where (benchmarks/README.md, "Fused kernels"): the
+NVFP4 pair gather on both installs (1.0-1.4 GB/s of bf16 a core against 0.8 for torch's
+arithmetic); the FP8 and int4 tables on numpy only (torch's arithmetic in bands is faster
+than a numpy gather there, and torch's index ops need int64 indices too).
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ if TYPE_CHECKING:
 
 Buffer = bytes | bytearray | memoryview
 
-#: index elements per gather: 8 bytes each, so the index, the codes and the output of a
-#: band (~330 KiB for bf16) stay in a core's L2 cache
-BAND_ELEMENTS = 1 << 15
+#: index elements per gather (8 bytes each: 2 MiB, in the L3 cache): bands of 2**17 to 2**19
+#: all made 1.07-1.10 GB/s of bf16 (FP8), 2**15 0.8-0.95 (each call's cost)
+BAND_ELEMENTS = 1 << 18
 
 #: the unsigned type holding one output value's bits
 _BITS = {"BF16": "<u2", "F16": "<u2", "F32": "<u4"}

@@ -23,9 +23,9 @@ Buffer = bytes | bytearray | memoryview
 def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
         nan: np.ndarray | None) -> np.ndarray:
     """Decode, scale and round in one sweep of bands of rows that stay in cache, each
-    product rounded straight into the output (torch casts on the store): 2.2 GB/s of bf16
-    a core here against 1.1 for the numpy table gather and 0.9 for the same passes over the
-    whole block (benchmarks/README.md, "Fused kernels")."""
+    product rounded straight into the output (torch casts on the store): 1.9-2.2 GB/s of
+    bf16 a core here against 1.1 for the numpy table gather and 0.8-0.9 for the same passes
+    over the whole block (benchmarks/README.md, "Fused kernels")."""
     blocks, bh, cols = layout.scale_rows(rows), layout.block_rows, layout.cols
     s = _as_tensor(scale_inv, torch.float32).view(blocks, layout.scale_cols)
     # The decoded values are the weights times 2**-120. Folding 2**120 into the scales
@@ -56,8 +56,10 @@ def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtyp
     return out.view(torch.uint8).numpy().reshape(-1)
 
 
-#: values a band of ``fp8`` decodes at once: its int32 scratch and its output stay in cache
-FUSED_BAND = 1 << 18
+#: values a band of ``fp8`` decodes at once: its int32 scratch (2 MiB) and its output stay in
+#: the L3 cache, and a band is large enough that torch's per-call cost (~8 us an op here)
+#: stays small: bands of 2**15 values made 0.6 GB/s, of 2**19 1.9 (loaded vm, one thread)
+FUSED_BAND = 1 << 19
 
 
 def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
