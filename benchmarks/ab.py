@@ -16,6 +16,7 @@ bf16 output and reports GB/s of output, and the load average before and after.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import shutil
 import statistics
@@ -107,10 +108,12 @@ def dequant_ab(fmt: str, args: argparse.Namespace, work: Path) -> None:
     written = output_bytes(probe)
     warm(probe)
     commands: dict[str, Callable[[Path], list[str]]] = {"cp -r": lambda out: ["cp", "-r", str(probe), str(out)]}
-    for label, checkout in (("A", args.old), ("B", args.new)):
-        commands[f"{fmt} apply --no-fsync, {label}"] = lambda out, c=checkout: [
+    # B with one process too: what --jobs (by default the cores here) adds
+    for label, checkout, jobs in (("A", args.old, []), ("B", args.new, []), ("B --jobs 1", args.new, ["--jobs", "1"])):
+        compileall.compile_dir(checkout / "ckptxform", quiet=1)  # no contender compiles in its first run
+        commands[f"{fmt} apply --no-fsync, {label}"] = lambda out, c=checkout, j=jobs: [
             "env", f"PYTHONPATH={c.resolve()}", PY, "-m", "ckptxform", "-q", "apply", str(RULES[fmt]),
-            f"--source=model={src}", "--out", str(out), "--no-fsync"]
+            f"--source=model={src}", "--out", str(out), "--no-fsync", *j]
     load = os.getloadavg()[0]
     walls = alternated(commands, work / "out", args.reps)
     print(f"{fmt}: {written / 1e9:.2f} GB of bf16 out; A = {args.old}, B = {args.new}; {args.reps} repetitions, "

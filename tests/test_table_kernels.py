@@ -9,11 +9,15 @@ test_dequant_kernels.py (it now runs the table kernel for groups of 32 and more)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 from ckptxform.dtypes import torch_dtype
 from ckptxform.errors import CheckpointFormatError
@@ -29,6 +33,8 @@ from ckptxform.quant.kernels import (
     dequant_nvfp4_rows,
     nvfp4_scales,
 )
+from ckptxform.standins.hf_models import LmDims
+from ckptxform.standins.scaled import build_scaled_llama
 
 OUT_DTYPES = ["BF16", "F16", "F32"]
 
@@ -236,3 +242,29 @@ def test_the_largest_nvfp4_scale_is_the_largest_of_all_group_scales(global_scale
         else:
             assert not np.isfinite(got), (e4m3, every)
     assert kernels.nvfp4_largest_scale(b"", 1.0, divide=True) == b""
+
+
+#: runs ckptxform's CLI in this process, then names the heavy modules it imported
+_IMPORTED = """
+import runpy, sys
+sys.argv = ["ckptxform", *sys.argv[1:]]
+try:
+    runpy.run_module("ckptxform", run_name="__main__")
+except SystemExit as exit:
+    assert not exit.code, exit.code
+print(sorted(m for m in ("torch", "ml_dtypes") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "nvfp4-modelopt"])
+def test_an_nvfp4_conversion_imports_neither_torch_nor_ml_dtypes(tmp_path: Path, scheme: str) -> None:
+    """The NVFP4 table kernel needs numpy only: importing torch or ml_dtypes (1-1.8 s each
+    here) would be most of a small conversion's time."""
+    src = build_scaled_llama(tmp_path / "src", scheme, LmDims(hidden=48, heads=3, kv_heads=3, intermediate=112,
+                                                              layers=1, vocab=64), seed=1)
+    proc = subprocess.run([sys.executable, "-c", _IMPORTED, "-q", "apply", str(REPO / "rules" / "nvfp4_to_bf16.yaml"),
+                           f"--source=model={src}", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == "[]", proc.stdout
+    assert (tmp_path / "out" / "model.safetensors").exists()

@@ -164,9 +164,9 @@ def nvfp4_scales(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
     rounded once to float32: what both libraries compute before the codes are scaled."""
     import numpy as np
 
-    from ..dtypes import numpy_dtype
+    from .numpy_kernels import e4m3_values
 
-    s = np.frombuffer(scale, dtype=numpy_dtype("F8_E4M3")).astype(np.float32)
+    s = e4m3_values(scale)
     g = np.float32(global_scale)
     with np_errors_ignored():
         return (s / g if divide else s * g).astype(np.float32).tobytes()
