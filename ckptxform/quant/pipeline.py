@@ -54,7 +54,7 @@ class _OneTorchThread:
         self._threads = 0
 
     def run(self, task: Callable[[], _T]) -> _T:
-        if self._torch is None and "torch" in sys.modules:
+        if self._torch is None and _loaded("torch"):
             with self._lock:
                 if self._torch is None:
                     torch = sys.modules["torch"]
@@ -66,3 +66,10 @@ class _OneTorchThread:
     def restore(self) -> None:
         if self._torch is not None:
             self._torch.set_num_threads(self._threads)
+
+
+def _loaded(name: str) -> bool:
+    """Whether module ``name`` is imported and done initializing (another thread may be
+    importing it: importlib's own test of a module in sys.modules, ``spec._initializing``)."""
+    module = sys.modules.get(name)
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
