@@ -3,20 +3,27 @@
     git worktree add /tmp/old 01500b5
     python benchmarks/ab.py /tmp/old .                    # 2 GB drafter, 7 repetitions
     python benchmarks/ab.py /tmp/old . --size 500MB --reps 3
+    python benchmarks/ab.py /tmp/old . --scenario dequant --size 1GB --reps 3   # FP8, int4 and NVFP4 to bf16
 
 Each command runs in its own process with ``PYTHONPATH`` set to one checkout,
 alternating (the order reverses every repetition), after a ``sync``; ratios are medians
 of per-repetition ratios against ``cp -r`` of the same repetition, as bench.py reports.
+The dequant scenario (dequant_bench.py's sources and rules, ``--size`` of quantized
+weights per format) times ``apply --no-fsync`` of each checkout against ``cp -r`` of the
+bf16 output and reports GB/s of output, and the load average before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,8 +38,17 @@ def main() -> None:
     ap.add_argument("new", type=Path, help="checkout B")
     ap.add_argument("--size", default="2GB")
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--scenario", choices=("rename", "dequant"), default="rename")
+    ap.add_argument("--formats", default="fp8,int4,nvfp4", help="dequant scenario: the formats")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ckptxform-ab-"))
+    if args.scenario == "dequant":
+        try:
+            for fmt in args.formats.split(","):
+                dequant_ab(fmt, args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         src = build_benchmark_sources(work / "src", parse_size(args.size))
         for path in src.values():
@@ -52,20 +68,66 @@ def main() -> None:
                 c, str(rename), f"--source=drafter={src['drafter']}", "--out", str(out), "--digest", "sha256")
             commands[f"headline, {label}"] = lambda out, c=checkout: ckptxform(
                 c, str(HEADLINE), *headline, "--out", str(out))
-        walls: dict[str, list[float]] = {name: [] for name in commands}
-        out = work / "out"
-        for rep in range(args.reps):
-            for name in (list(commands) if rep % 2 == 0 else list(reversed(commands))):
-                shutil.rmtree(out, ignore_errors=True)
-                subprocess.run(["sync"], check=True)
-                walls[name].append(measure(commands[name](out))[0])
         print(f"A = {args.old}, B = {args.new}; {args.reps} repetitions, alternating")
         print("| contender | median (s) | best (s) | / cp -r |\n|---|---|---|---|")
-        for name, times in walls.items():
-            ratio = statistics.median(a / b for a, b in zip(times, walls["cp -r"]))
-            print(f"| {name} | {statistics.median(times):.2f} | {min(times):.2f} | {ratio:.2f} |")
+        for name, times in alternated(commands, work / "out", args.reps).items():
+            print(f"| {name} | {statistics.median(times):.2f} | {min(times):.2f} | {times.ratio:.2f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class Walls(list[float]):
+    """One contender's walls, and the median of their ratios to ``cp -r``'s of the same repetition."""
+
+    ratio = 0.0
+
+
+def alternated(commands: dict[str, Callable[[Path], list[str]]], out: Path, reps: int) -> dict[str, Walls]:
+    """Each command's walls, ``reps`` times, the order reversed every repetition."""
+    walls = {name: Walls() for name in commands}
+    for rep in range(reps):
+        for name in (list(commands) if rep % 2 == 0 else list(reversed(commands))):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run(["sync"], check=True)
+            walls[name].append(measure(commands[name](out))[0])
+    shutil.rmtree(out, ignore_errors=True)
+    for times in walls.values():
+        times.ratio = statistics.median(a / b for a, b in zip(times, walls["cp -r"]))
+    return walls
+
+
+def dequant_ab(fmt: str, args: argparse.Namespace, work: Path) -> None:
+    """``apply --no-fsync`` of dequant_bench's ``fmt`` rule, A against B, and ``cp -r`` of the output."""
+    from dequant_bench import RULES, build_source, output_bytes
+
+    src = build_source(work / fmt, fmt, parse_size(args.size))
+    warm(src)
+    probe = work / "probe"
+    subprocess.run([PY, "-m", "ckptxform", "-q", "apply", str(RULES[fmt]), f"--source=model={src}", "--out",
+                    str(probe), "--no-fsync"], check=True, stdout=subprocess.DEVNULL, env=_env(args.new))
+    written = output_bytes(probe)
+    warm(probe)
+    commands: dict[str, Callable[[Path], list[str]]] = {"cp -r": lambda out: ["cp", "-r", str(probe), str(out)]}
+    # B with one process too: what --jobs (by default the cores here) adds
+    for label, checkout, jobs in (("A", args.old, []), ("B", args.new, []), ("B --jobs 1", args.new, ["--jobs", "1"])):
+        compileall.compile_dir(checkout / "ckptxform", quiet=1)  # no contender compiles in its first run
+        commands[f"{fmt} apply --no-fsync, {label}"] = lambda out, c=checkout, j=jobs: [
+            "env", f"PYTHONPATH={c.resolve()}", PY, "-m", "ckptxform", "-q", "apply", str(RULES[fmt]),
+            f"--source=model={src}", "--out", str(out), "--no-fsync", *j]
+    load = os.getloadavg()[0]
+    walls = alternated(commands, work / "out", args.reps)
+    print(f"{fmt}: {written / 1e9:.2f} GB of bf16 out; A = {args.old}, B = {args.new}; {args.reps} repetitions, "
+          f"alternating; load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print("| contender | median (s) | best (s) | GB/s out (median) | / cp -r |\n|---|---|---|---|---|")
+    for name, times in walls.items():
+        print(f"| {name} | {statistics.median(times):.2f} | {min(times):.2f} | "
+              f"{written / statistics.median(times) / 1e9:.2f} | {times.ratio:.2f} |")
+    shutil.rmtree(probe)
+    shutil.rmtree(work / fmt)
+
+
+def _env(checkout: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(checkout.resolve())}
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ Last, ``ckptxform apply`` runs on two FP8 sources whose largest tensor differs 4
 (264 MB and 1 GB of bf16), and on two NVFP4 ones alike: its peak RSS must not follow.
 
 ``--kernels`` times the block kernels alone instead (one thread, a [512, 7168] block of
-the real widths, best of 8, alternating): the torch backend against the numpy one (the
-light install's), the bytes checked equal.
+the real widths, best of 8, alternating): what the torch install and the light install (numpy) run (torch's
+FP8 bands, numpy's table gathers: quant/tables.py) against numpy's arithmetic passes, the
+bytes checked equal.
 """
 
 from __future__ import annotations
@@ -262,10 +263,12 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
 
 
 def kernel_figures(reps: int = 8) -> list[str]:
-    """GB/s of bf16 output of one block kernel call on one thread, per backend."""
+    """GB/s of bf16 output of one block kernel call on one thread: what the torch install
+    and the light install (numpy) run, against numpy's arithmetic passes."""
     import numpy as np
+    import torch
 
-    from ckptxform.quant import kernels, numpy_kernels, torch_kernels
+    from ckptxform.quant import kernels, numpy_kernels, tables, torch_kernels
     from ckptxform.quant.kernels import (
         Fp4Groups,
         Fp8Block,
@@ -273,6 +276,7 @@ def kernel_figures(reps: int = 8) -> list[str]:
         dequant_fp4_rows,
         dequant_fp8_rows,
         dequant_int4_rows,
+        dequant_nvfp4_rows,
         nvfp4_scales,
     )
 
@@ -282,34 +286,47 @@ def kernel_figures(reps: int = 8) -> list[str]:
     weight = w.tobytes()
     fp8_scale = (rng.random((4, 56), dtype=np.float32) * 0.01).tobytes()
     packed = rng.integers(0, 2**32, rows * cols // 8, dtype=np.uint32).tobytes()
-    f32_scale = rng.random((rows, cols // 32), dtype=np.float32)
-    bf16_scale = (f32_scale.view(np.uint32) >> 16).astype(np.uint16).tobytes()  # truncated: any bf16 will do
+    f32_scale = {g: rng.random((rows, cols // g), dtype=np.float32) for g in (32, 128)}
+    bf16_scale = {g: (s.view(np.uint32) >> 16).astype(np.uint16).tobytes() for g, s in f32_scale.items()}  # any bf16
     fp4 = w[: rows * cols // 2].tobytes()
-    fp4_scale = nvfp4_scales(rng.integers(0x08, 0x78, rows * cols // 16, dtype=np.uint8).tobytes(), 2688.0,
-                             divide=True)
+    e4m3 = rng.integers(0x08, 0x78, rows * cols // 16, dtype=np.uint8).tobytes()
+    nvfp4 = Fp4Groups(cols, 16)
     cases = {
-        "NVFP4 (group scales given)": lambda: dequant_fp4_rows(fp4, fp4_scale, Fp4Groups(cols, 16)),
         "FP8 block 128": lambda: dequant_fp8_rows(weight, fp8_scale, Fp8Block(cols, 128, 128)),
-        "int4 group 32, BF16 scale": lambda: dequant_int4_rows(packed, bf16_scale, Int4Groups(cols, 32, "BF16")),
-        "int4 group 32, F32 scale": lambda: dequant_int4_rows(packed, f32_scale.tobytes(), Int4Groups(cols, 32, "F32")),
+        "int4 group 32, BF16 scale": lambda: dequant_int4_rows(packed, bf16_scale[32], Int4Groups(cols, 32, "BF16")),
+        "int4 group 32, F32 scale": lambda: dequant_int4_rows(packed, f32_scale[32].tobytes(),
+                                                              Int4Groups(cols, 32, "F32")),
+        "int4 group 128, BF16 scale": lambda: dequant_int4_rows(packed, bf16_scale[128],
+                                                                Int4Groups(cols, 128, "BF16")),
     }
-    backends = {"torch": torch_kernels, "numpy": numpy_kernels}
-    lines = ["## block kernels alone (one thread, [512, 7168], GB/s of bf16 output, best of "
-             f"{reps})", "", "| kernel | torch | numpy |", "|---|---|---|"]
-    import torch
-
+    # NVFP4: the pair table of the e4m3 scale bytes, against the group scales then the arithmetic
+    fused = {"NVFP4 (e4m3 scales, global 2688)": lambda: dequant_nvfp4_rows(fp4, e4m3, 2688.0, nvfp4, divide=True)}
+    arith = {"NVFP4 (e4m3 scales, global 2688)": lambda: dequant_fp4_rows(
+        fp4, nvfp4_scales(e4m3, 2688.0, divide=True), nvfp4)}
+    # (backend, tables where they pay): what each install runs, and numpy's arithmetic
+    contenders = {"torch install": (torch_kernels, True), "light install (numpy)": (numpy_kernels, True),
+                  "numpy arithmetic": (numpy_kernels, False)}
+    lines = [f"## block kernels alone (one thread, [{rows}, {cols}], GB/s of bf16 output, best of {reps})", "",
+             "| kernel | " + " | ".join(contenders) + " |", "|---|" + "---|" * len(contenders)]
     torch.set_num_threads(1)
-    for name, case in cases.items():
-        best: dict[str, float] = {b: 1e9 for b in backends}
-        outs = {}
-        for _ in range(reps):
-            for b, module in backends.items():
-                kernels.backend = lambda m=module: m
-                t0 = time.perf_counter()
-                outs[b] = bytes(case())
-                best[b] = min(best[b], time.perf_counter() - t0)
-        assert outs["torch"] == outs["numpy"], f"{name}: the backends' bytes differ"
-        lines.append(f"| {name} | " + " | ".join(f"{rows * cols * 2 / best[b] / 1e9:.2f}" for b in backends) + " |")
+    chosen = kernels.backend, tables.fp8_worth_it, tables.int4_worth_it
+    try:
+        for name in [*cases, *fused]:
+            best = {c: 1e9 for c in contenders}
+            outs = {}
+            for _ in range(reps):
+                for c, (module, table) in contenders.items():
+                    kernels.backend = lambda m=module: m
+                    tables.fp8_worth_it, tables.int4_worth_it = chosen[1:] if table else (lambda *_: False,) * 2
+                    case = cases.get(name) or (fused if table else arith)[name]
+                    t0 = time.perf_counter()
+                    outs[c] = bytes(case())
+                    best[c] = min(best[c], time.perf_counter() - t0)
+            assert len(set(outs.values())) == 1, f"{name}: the kernels' bytes differ"
+            lines.append(f"| {name} | " + " | ".join(f"{rows * cols * 2 / best[c] / 1e9:.2f}" for c in contenders)
+                         + " |")
+    finally:
+        kernels.backend, tables.fp8_worth_it, tables.int4_worth_it = chosen
     return [*lines, *mxfp4_source.kernel_lines(reps), ""]
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from ..dtypes import DTYPE_SIZES
 from ..errors import QuantizationConfigError
 from ..quant.group_schemes import NVFP4_GROUP, GroupSchemes, SchemeGroup, WeightScheme
-from ..quant.kernels import Fp4Groups, Fp8Block, dequant_fp4_rows, dequant_fp8_rows, nvfp4_scales
+from ..quant.kernels import Fp4Groups, Fp8Block, dequant_fp8_rows, dequant_nvfp4_rows, nvfp4_largest_scale
 from ..quant.pipeline import in_order
 from .base import Block, Context, InputTensor, Value, View
 from .decode import cast_bytes
@@ -200,6 +200,8 @@ def _nvfp4_blocks(block: Block, inputs: Sequence[InputTensor], rows: range,
     for start in range(rows.start, rows.stop, step):
         count = min(step, rows.stop - start)
         p = packed.read(start * layout.row_bytes, count * layout.row_bytes)
-        s = nvfp4_scales(scale.read(start * layout.groups, count * layout.groups), g, divide=not modelopt)
-        yield _checked(block, partial(dequant_fp4_rows, p, s, layout, out_dtype=block.args["dtype"]), start,
-                       scale=s, scale_dtype="F32", largest_code=6.0)
+        e4m3 = scale.read(start * layout.groups, count * layout.groups)
+        compute = partial(dequant_nvfp4_rows, p, e4m3, g, layout, divide=not modelopt, out_dtype=block.args["dtype"])
+        # the finite check needs the largest group scale only, not the output
+        yield _checked(block, compute, start, scale=nvfp4_largest_scale(e4m3, g, divide=not modelopt),
+                       scale_dtype="F32", largest_code=6.0)

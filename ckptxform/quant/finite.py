@@ -54,8 +54,9 @@ def _may_be_nonfinite(scale: Buffer, scale_dtype: str, largest_code: float, dtyp
             return True
     if not len(scale):
         return False
-    # a scale row is small: widened to float32 (exact) for ml_dtypes' bf16
-    magnitude = float(np.abs(tensor_view(scale, scale_dtype, (-1,)).astype(np.float32)).max())
+    from .numpy_kernels import as_float32
+
+    magnitude = float(np.abs(as_float32(scale, scale_dtype)).max())  # exact
     # NaN compares false: caught below
     # a margin for the roundings of the product: a false alarm only costs the scan
     return not magnitude * largest_code * 1.01 < _LARGEST[dtype]
@@ -65,7 +66,9 @@ def first_nonfinite(raw: Buffer, dtype: str) -> tuple[int, float] | None:
     """(flat index, value) of the first NaN or inf of ``raw`` (``dtype`` values), if any."""
     import numpy as np
 
-    values = tensor_view(raw, dtype, (-1,)).astype(np.float32)  # exact; only scanned when suspect
+    from .numpy_kernels import as_float32
+
+    values = as_float32(raw, dtype)  # exact; only scanned when suspect
     finite = np.isfinite(values)
     if bool(finite.all()):
         return None

@@ -20,11 +20,15 @@ tensor's size. Each function checks the sizes it is given and never reads past t
   (ModelOpt's ``weight_scale_2``) or divided by (compressed-tensors' reciprocal
   ``weight_global_scale``) the global scale, rounded once to float32 (``nvfp4_scales``).
 
-Two backends give the same bytes (tests/test_numeric_backends.py): ``torch_kernels`` where
-torch is installed, ``numpy_kernels`` elsewhere (the light install). Each decodes a block
-in a per-thread scratch buffer the size of one block: no full-size float32 copy of the
-tensor. NaN stays NaN (one quiet NaN per output dtype). numpy and torch are imported
-when a block runs: importing this module costs nothing to ``validate`` or ``plan``.
+Where a scale covers many codes (FP8 blocks of 2,048 values or more, int4 groups of 32 or
+more, every NVFP4 tensor), a block is one gather from a table of output values made by
+the arithmetic kernel for each (code, scale) pair (quant/tables.py): one pass over the
+block, on every install. Elsewhere two arithmetic backends give the same bytes
+(tests/test_numeric_backends.py): ``torch_kernels`` where torch is installed,
+``numpy_kernels`` elsewhere (the light install). Each decodes a block in a per-thread
+scratch buffer the size of one block: no full-size float32 copy of the tensor. NaN stays
+NaN (one quiet NaN per output dtype). numpy and torch are imported when a block runs:
+importing this module costs nothing to ``validate`` or ``plan``.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["Fp4Groups", "Fp8Block", "Int4Groups", "dequant_fp4_rows", "dequant_fp8_rows", "dequant_int4_rows",
-           "nvfp4_scales", "tensor_view"]
+           "dequant_nvfp4_rows", "nvfp4_largest_scale", "nvfp4_scales", "tensor_view"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -67,8 +71,10 @@ def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
     _expect(len(scale_inv), layout.scale_rows(rows) * layout.scale_cols * 4, "F32 scale_inv rows")
     import numpy as np
 
-    nan = (np.frombuffer(weight, dtype=np.uint8) | np.uint8(0x80)) == np.uint8(0xFF)  # 0x7F/0xFF
-    nan = nan if nan.any() else None
+    codes = np.frombuffer(weight, dtype=np.uint8)
+    nan = None
+    if int(codes.max(initial=0)) == 0xFF or int(codes.view(np.int8).max(initial=0)) == 0x7F:  # two fast reductions
+        nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)  # the NaN bytes 0x7F/0xFF
     with np_errors_ignored():  # inf and NaN scales make inf and NaN values, not errors
         out = backend().fp8(weight, scale_inv, layout, rows, out_dtype, nan)
     return _canonical_nans(out, out_dtype, nan is not None or not _finite(scale_inv, "F32"))
@@ -123,18 +129,61 @@ def dequant_fp4_rows(packed: Buffer, scale: Buffer, layout: Fp4Groups, *, out_dt
     return _canonical_nans(out, out_dtype, not _finite(scale, "F32"))
 
 
+def dequant_nvfp4_rows(packed: Buffer, scale: Buffer, global_scale: float, layout: Fp4Groups, *, divide: bool,
+                       out_dtype: str = "BF16") -> memoryview:
+    """``dequant_fp4_rows`` of NVFP4 rows given their e4m3 group-scale bytes ``scale`` and the
+    tensor's float32 ``global_scale`` (``nvfp4_scales`` combines them), the same bytes: a
+    group's scale is one of 256 values per tensor, so every (scale byte, code byte) pair is
+    one entry of a 65,536-entry table of output value pairs, and a block is one gather.
+
+    >>> import numpy as np
+    >>> out = dequant_nvfp4_rows(bytes([0x21, 0x8F] * 4), bytes([0x38]), 0.5, Fp4Groups(cols=16, group_size=16),
+    ...                          divide=True, out_dtype="F32")
+    >>> np.frombuffer(out, dtype="<f4")[:4].tolist()
+    [1.0, 2.0, -12.0, -0.0]
+    """
+    rows = _whole_rows(len(packed), layout.row_bytes, 1, "packed FP4 weight")
+    if layout.cols % layout.group_size or layout.cols % 2 or layout.group_size % 2:
+        raise ValueError(f"{layout.cols} columns are not whole groups of {layout.group_size}")
+    _expect(len(scale), rows * layout.groups, "F8_E4M3 group scale rows")
+    _check_out(out_dtype)
+    import numpy as np
+
+    from . import tables
+
+    with np_errors_ignored():
+        table = tables.nvfp4_pair_table(float(global_scale), divide, layout.signed_zero, out_dtype)
+        codes = np.frombuffer(packed, dtype=np.uint8).reshape(rows * layout.groups, layout.group_size // 2)
+        out = tables.scaled_pairs(table, codes, np.frombuffer(scale, dtype=np.uint8))
+    return memoryview(out.reshape(-1).view(np.uint8)).toreadonly()
+
+
 def nvfp4_scales(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
     """The F32 scale of each NVFP4 group: the e4m3 ``scale`` bytes widened (exact), then
     divided by (compressed-tensors) or multiplied by (ModelOpt) the float32 ``global_scale``,
     rounded once to float32: what both libraries compute before the codes are scaled."""
     import numpy as np
 
-    from ..dtypes import numpy_dtype
+    from .numpy_kernels import e4m3_values
 
-    s = np.frombuffer(scale, dtype=numpy_dtype("F8_E4M3")).astype(np.float32)
+    s = e4m3_values(scale)
     g = np.float32(global_scale)
     with np_errors_ignored():
         return (s / g if divide else s * g).astype(np.float32).tobytes()
+
+
+def nvfp4_largest_scale(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
+    """The F32 bytes of the group scale of largest magnitude that ``nvfp4_scales`` makes of
+    ``scale`` (empty for no scales; not finite where any of them is not), which is all a
+    finite check needs: an e4m3 magnitude grows with the byte's low 7 bits (0x7F is NaN),
+    and dividing or multiplying by one float32 keeps that order, so this is one reduction
+    of the bytes where converting every scale took a third of the NVFP4 kernel's time."""
+    import numpy as np
+
+    codes = np.frombuffer(scale, dtype=np.uint8)
+    if not codes.size:
+        return b""
+    return nvfp4_scales(bytes([int((codes & np.uint8(0x7F)).max())]), global_scale, divide=divide)
 
 
 def backend() -> Any:
@@ -182,10 +231,15 @@ def _canonical_nans(out: np.ndarray, out_dtype: str, maybe: bool) -> memoryview:
     backends' NaN payloads differ (torch's even with the array's length), the values
     not. Only a NaN weight byte or a non-finite scale can make a NaN (``maybe``)."""
     if maybe:
-        view, magnitude, inf, nan = _NAN_BITS[out_dtype]
-        bits = out.view(view)
-        bits[(bits & magnitude) > inf] = nan
+        quiet_nans(out, out_dtype)
     return memoryview(out).toreadonly()
+
+
+def quiet_nans(out: np.ndarray, out_dtype: str) -> None:
+    """Make every NaN of ``out`` (``out_dtype`` values, any view) the dtype's one quiet NaN, in place."""
+    view, magnitude, inf, nan = _NAN_BITS[out_dtype]
+    bits = out.view(view)
+    bits[(bits & magnitude) > inf] = nan
 
 
 def np_errors_ignored() -> Any:

@@ -4,6 +4,7 @@ the backends can import it without importing their dispatcher."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -21,6 +22,21 @@ class Fp8Block:
 
     def scale_rows(self, rows: int) -> int:
         return -(-rows // self.block_rows)
+
+    def band_blocks(self, elements: int) -> int:
+        """Block rows a band of about ``elements`` values holds (1: part of one)."""
+        return max(1, elements // max(1, self.block_rows * self.cols))
+
+    def bands(self, rows: int, elements: int) -> Iterator[tuple[int, int, int]]:
+        """(first row, rows, k) of bands of ``rows`` rows of about ``elements`` values, for
+        kernels that sweep a block in cache: part of one block row (``k == 1``) where a
+        block row is larger, else ``k`` whole block rows (the last band may be partial)."""
+        k = self.band_blocks(elements)
+        step = k * self.block_rows if k > 1 else max(1, min(self.block_rows, elements // max(1, self.cols)))
+        for start in range(0, rows, self.block_rows * k):
+            stop = min(start + self.block_rows * k, rows)
+            for first in range(start, stop, step):
+                yield first, min(step, stop - first), k
 
 
 @dataclass(frozen=True)

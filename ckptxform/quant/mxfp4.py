@@ -21,7 +21,6 @@ to keep bit-identical.
 from __future__ import annotations
 
 import functools
-import threading
 from typing import TYPE_CHECKING
 
 from .fp4 import e2m1_table
@@ -55,13 +54,11 @@ def dequant_mxfp4_groups(blocks: Buffer, scales: Buffer, *, out_dtype: str = "BF
     if len(blocks) != groups * GROUP_BYTES:
         raise ValueError(f"MXFP4 blocks: {len(blocks)} bytes given for {groups} scales, "
                          f"{groups * GROUP_BYTES} expected")
-    table = pair_table(out_dtype)
-    index = _scratch(groups * GROUP_BYTES).reshape(groups, GROUP_BYTES)
-    np.left_shift(np.frombuffer(scales, dtype=np.uint8)[:, None], 8, out=index, dtype=np.intp)
-    np.bitwise_or(index, np.frombuffer(blocks, dtype=np.uint8).reshape(groups, GROUP_BYTES), out=index)
-    out = np.empty(groups * GROUP_BYTES, dtype=table.dtype)
-    np.take(table, index.reshape(-1), out=out, mode="clip")  # every index is < 65,536: nothing is clipped
-    return memoryview(out.view(np.uint8)).toreadonly()
+    from .tables import scaled_pairs
+
+    out = scaled_pairs(pair_table(out_dtype), np.frombuffer(blocks, dtype=np.uint8).reshape(groups, GROUP_BYTES),
+                       np.frombuffer(scales, dtype=np.uint8))
+    return memoryview(out.reshape(-1).view(np.uint8)).toreadonly()
 
 
 @functools.cache
@@ -104,15 +101,3 @@ def _code_bits(out_dtype: str) -> np.ndarray:
         return np.ascontiguousarray(rounded_array(values, out_dtype)).view(_BITS[out_dtype][0])
 
 
-_local = threading.local()
-
-
-def _scratch(n: int) -> np.ndarray:
-    """``n`` table indices owned by this thread, reused across blocks (a fresh buffer per
-    block would page-fault its way through every byte again)."""
-    import numpy as np
-
-    buf = getattr(_local, "index", None)
-    if buf is None or buf.size < n:
-        buf = _local.index = np.empty(n, dtype=np.intp)
-    return buf[:n]
