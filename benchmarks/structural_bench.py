@@ -7,7 +7,9 @@
   time).
 
 Each against ``cp`` of the same source and a naive load_file -> torch ops -> save_file
-script; wall time and peak RSS per process, as bench.py measures them.
+script; wall time and peak RSS per process, as bench.py measures them. ckptxform runs with
+and without ``--no-fsync``: the naive script (like ``cp``) does not fsync, so the fair
+ratio against it is the ``--no-fsync`` one.
 """
 
 from __future__ import annotations
@@ -94,14 +96,16 @@ def build(work: Path, total: int) -> dict[str, Path]:
 def contenders(work: Path, src: dict[str, Path], py: str) -> dict[str, Callable[[Path], list[str]]]:
     cli = [py, "-m", "ckptxform", "-q"]
 
-    def apply(rule: str, source: Path) -> Callable[[Path], list[str]]:
-        return lambda out: [*cli, "apply", str(work / rule), f"--source=model={source}", "--out", str(out)]
+    def apply(rule: str, source: Path, *flags: str) -> Callable[[Path], list[str]]:
+        return lambda out: [*cli, "apply", str(work / rule), f"--source=model={source}", "--out", str(out), *flags]
 
     return {
         "cp moe": lambda out: ["cp", "-r", str(src["moe"]), str(out)],
         "naive stack+concat": lambda out: [py, str(work / "naive_moe.py"), str(src["moe"]), str(out)],
         "ckptxform stack+concat": apply("moe.yaml", src["moe"]),
+        "ckptxform stack+concat --no-fsync": apply("moe.yaml", src["moe"], "--no-fsync"),
         "cp big": lambda out: ["cp", "-r", str(src["big"]), str(out)],
         "naive transpose": lambda out: [py, str(work / "naive_transpose.py"), str(src["big"]), str(out)],
         "ckptxform transpose": apply("transpose.yaml", src["big"]),
+        "ckptxform transpose --no-fsync": apply("transpose.yaml", src["big"], "--no-fsync"),
     }

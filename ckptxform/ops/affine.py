@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 from ..dtypes import USER_DTYPES, numpy_dtype
 from ..errors import CheckpointFormatError
-from ..quant.numpy_kernels import rounded_array
 from .base import Accepts, Block, BlockOp, Context, InputTensor, NoInverse, Value, View
 
 _NUMBER = {"oneOf": [{"type": "number"}, {"type": "string", "pattern": r"^\$\{.*\}$"}]}
@@ -87,7 +86,9 @@ class _Affine(BlockOp):
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
                rows: range | None = None) -> Iterator[bytes | memoryview]:
-        import numpy as np
+        import numpy as np  # here, not at the top: byte-level runs never import numpy
+
+        from ..quant.numpy_kernels import rounded_array
 
         (source,) = inputs
         view = source.view
