@@ -110,6 +110,9 @@ class LocalCheckpoint(LazyShards):
         #: each safetensors file's ``__metadata__`` (e.g. ``{"format": "pt"}``)
         self.metadata: dict[str, Mapping[str, str]] = dict(metadata)
         self._descriptors: dict[str, int] = {}
+        #: each file's resolved path, once asked for (a gather asks once a row run: resolving
+        #: it each time cost 0.6 s of lstat calls in the 2 GB headline)
+        self._resolved: dict[str, Path] = {}
         self._bin_tensors = bin_tensors
         #: every file read so far (weight files, index, config.json), keyed by relative name
         self._pins = dict(pins)
@@ -193,7 +196,10 @@ class LocalCheckpoint(LazyShards):
     def local_path(self, file: str) -> Path | None:
         if file not in self.files or file in self._bin_tensors:
             return None
-        return (self.root / file).resolve()
+        path = self._resolved.get(file)
+        if path is None:
+            path = self._resolved[file] = (self.root / file).resolve()
+        return path
 
     def pins(self) -> tuple[FilePin, ...]:
         return tuple(self._pins[name] for name in sorted(self._pins))
