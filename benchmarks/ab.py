@@ -5,7 +5,11 @@
     python benchmarks/ab.py /tmp/old . --size 500MB --reps 3
     python benchmarks/ab.py /tmp/old . --scenario dequant --size 1GB --reps 3   # FP8, int4 and NVFP4 to bf16
 
-Each command runs in its own process with ``PYTHONPATH`` set to one checkout,
+Each command runs in its own process with ``PYTHONPATH`` set to one checkout and
+``PYTHONSAFEPATH=1`` (without it, ``python -m`` puts the current directory first on the
+path, and run from a checkout both A and B import that checkout: every A/B before
+this fix that was run from the repository root compared B with B); before timing, each
+checkout is checked to be the one its commands import,
 alternating (the order reverses every repetition), after a ``sync``; ratios are medians
 of per-repetition ratios against ``cp -r`` of the same repetition, as bench.py reports.
 The dequant scenario (dequant_bench.py's sources and rules, ``--size`` of quantized
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import functools
 import os
 import shutil
 import statistics
@@ -53,12 +58,14 @@ def main() -> None:
         src = build_benchmark_sources(work / "src", parse_size(args.size))
         for path in src.values():
             warm(path)
+        for checkout in (args.old, args.new):  # as pip install does: no contender compiles in its runs
+            compileall.compile_dir(checkout / "ckptxform", quiet=1)
         rename = work / "rename.yaml"
         rename.write_text(RENAME_RULE)
         headline = [f"--source={name}={path}" for name, path in src.items()]
 
         def ckptxform(checkout: Path, *argv: str) -> list[str]:
-            return ["env", f"PYTHONPATH={checkout.resolve()}", PY, "-m", "ckptxform", "-q", "apply", *argv, "--no-fsync"]
+            return [*_python(checkout.resolve()), "-m", "ckptxform", "-q", "apply", *argv, "--no-fsync"]
 
         commands = {"cp -r": lambda out: ["cp", "-r", str(src["drafter"]), str(out)]}
         for label, checkout in (("A", args.old), ("B", args.new)):
@@ -112,7 +119,7 @@ def dequant_ab(fmt: str, args: argparse.Namespace, work: Path) -> None:
     for label, checkout, jobs in (("A", args.old, []), ("B", args.new, []), ("B --jobs 1", args.new, ["--jobs", "1"])):
         compileall.compile_dir(checkout / "ckptxform", quiet=1)  # no contender compiles in its first run
         commands[f"{fmt} apply --no-fsync, {label}"] = lambda out, c=checkout, j=jobs: [
-            "env", f"PYTHONPATH={c.resolve()}", PY, "-m", "ckptxform", "-q", "apply", str(RULES[fmt]),
+            *_python(c.resolve()), "-m", "ckptxform", "-q", "apply", str(RULES[fmt]),
             f"--source=model={src}", "--out", str(out), "--no-fsync", *j]
     load = os.getloadavg()[0]
     walls = alternated(commands, work / "out", args.reps)
@@ -127,7 +134,18 @@ def dequant_ab(fmt: str, args: argparse.Namespace, work: Path) -> None:
 
 
 def _env(checkout: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(checkout.resolve())}
+    return {**os.environ, "PYTHONPATH": str(checkout.resolve()), "PYTHONSAFEPATH": "1"}
+
+
+@functools.cache
+def _python(checkout: Path) -> list[str]:
+    """The interpreter, importing ckptxform from ``checkout`` and nowhere else (checked)."""
+    argv = ["env", f"PYTHONPATH={checkout.resolve()}", "PYTHONSAFEPATH=1", PY]
+    where = subprocess.run([*argv, "-c", "import ckptxform; print(ckptxform.__file__)"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    if not Path(where).resolve().is_relative_to(checkout.resolve()):
+        sys.exit(f"ab.py: {checkout} would import ckptxform from {where}, not from itself")
+    return argv
 
 
 if __name__ == "__main__":
