@@ -133,14 +133,20 @@ def dequant_ab(fmt: str, args: argparse.Namespace, work: Path) -> None:
     shutil.rmtree(work / fmt)
 
 
+def _imports_from(checkout: Path) -> dict[str, str]:
+    """The variables that make a Python import ckptxform from ``checkout`` (``PYTHONSAFEPATH``:
+    not from the current directory, which ``python -m`` would put first)."""
+    return {"PYTHONPATH": str(checkout.resolve()), "PYTHONSAFEPATH": "1"}
+
+
 def _env(checkout: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(checkout.resolve()), "PYTHONSAFEPATH": "1"}
+    return {**os.environ, **_imports_from(checkout)}
 
 
 @functools.cache
 def _python(checkout: Path) -> list[str]:
     """The interpreter, importing ckptxform from ``checkout`` and nowhere else (checked)."""
-    argv = ["env", f"PYTHONPATH={checkout.resolve()}", "PYTHONSAFEPATH=1", PY]
+    argv = ["env", *(f"{name}={value}" for name, value in _imports_from(checkout).items()), PY]
     where = subprocess.run([*argv, "-c", "import ckptxform; print(ckptxform.__file__)"], check=True,
                            capture_output=True, text=True).stdout.strip()
     if not Path(where).resolve().is_relative_to(checkout.resolve()):

@@ -110,8 +110,8 @@ class LocalCheckpoint(LazyShards):
         #: each safetensors file's ``__metadata__`` (e.g. ``{"format": "pt"}``)
         self.metadata: dict[str, Mapping[str, str]] = dict(metadata)
         self._descriptors: dict[str, int] = {}
-        #: each file's resolved path, once asked for (a gather asks once a row run: resolving
-        #: it each time cost 0.6 s of lstat calls in the 2 GB headline)
+        #: each file's resolved path, once asked for (a gather asks once a row run: the 2 GB
+        #: headline resolved 14,192 times, 85,853 lstat calls)
         self._resolved: dict[str, Path] = {}
         self._bin_tensors = bin_tensors
         #: every file read so far (weight files, index, config.json), keyed by relative name
