@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from ckptxform.report import _human_bytes
+from ckptxform.cli.report import _human_bytes
 from ckptxform.standins.for_rules import STANDINS
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from ckptxform.catalogue import readme_table, rule_cards
+from ckptxform.cli.catalogue import readme_table, rule_cards
 from ckptxform.standins.for_rules import STANDINS
 
 SHIPPED = sorted(p.stem for p in (REPO / "rules").glob("*.yaml"))
@@ -106,7 +106,7 @@ def test_rules_show_json_and_an_unknown_name(run_cli: Any) -> None:
 def test_the_readme_lists_every_shipped_rule_as_the_catalogue_makes_it() -> None:
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("\n## The rule library\n"):readme.index("\n## Development\n")]
-    assert readme_table() in section, "regenerate it: python -m ckptxform.catalogue"
+    assert readme_table() in section, "regenerate it: python -m ckptxform.cli.catalogue"
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == SHIPPED
 

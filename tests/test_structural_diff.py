@@ -11,7 +11,7 @@ from conftest import read_output
 from test_structural_engine import assert_same, rand, write_model
 
 from ckptxform import api
-from ckptxform.ckpt_diff import checkpoint_diff
+from ckptxform.diff.checkpoint import checkpoint_diff
 
 
 def apply_emitted(tmp_path: Path, a: Path, b: Path, run_cli) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptxform.ckpt_diff import checkpoint_diff
+from ckptxform.diff.checkpoint import checkpoint_diff
 from ckptxform.standins import KIMI_K2_TINY, build_eagle3_drafter, make_draft_vocab
-from ckptxform.vocab_diff import vocab_diff
+from ckptxform.vocab.diff import vocab_diff
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

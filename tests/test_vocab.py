@@ -23,7 +23,7 @@ from ckptxform.errors import (
     VocabMapError,
 )
 from ckptxform.sources.vocab_files import load_vocab_file
-from ckptxform.vocab import Alignment, VocabMap, vocab_map_from_bytes
+from ckptxform.vocab.maps import Alignment, VocabMap, vocab_map_from_bytes
 
 # Small stand-ins of real maps: a 2,000-token verifier vocabulary, a 300-token draft
 # vocabulary, sorted ascending, sharing the first 40 (special and byte) tokens like the
@@ -144,7 +144,7 @@ def test_direct_construction_checks_ids() -> None:
 
 def test_module_does_not_import_torch() -> None:
     code = (
-        "import sys; from ckptxform.vocab import vocab_map_from_bytes;"
+        "import sys; from ckptxform.vocab.maps import vocab_map_from_bytes;"
         "m = vocab_map_from_bytes('a', bytes(16), 'I64', b'\\x01\\x01', 'BOOL', encoding='offset');"
         "m.alignment_to(m); m.d2t_bytes(); assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -32,7 +32,7 @@ from ..errors import PlanError
 from ..where import Where
 
 if TYPE_CHECKING:
-    from ..vocab import Alignment, VocabMap
+    from ..vocab.maps import Alignment, VocabMap
     from .accounts import RowsOrigin
 
 

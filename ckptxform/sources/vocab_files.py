@@ -5,7 +5,7 @@ A rule can take a vocabulary map from a file instead of a checkpoint source: a
 the ``d2t``/``t2d`` bytes are read), a pickled ``.pt``/``.pth``/``.bin`` as SpecForge
 writes its vocab-mapping files, ``d2t.npy`` (with ``t2d.npy`` beside it, or a folder
 holding both) as speculators writes them, or ``.json``. Each format is decoded into the values
-``VocabMap.from_d2t`` checks; the map's logic lives in ``ckptxform.vocab``.
+``VocabMap.from_d2t`` checks; the map's logic lives in ``ckptxform.vocab.maps``.
 
 speculators (since vllm-project/speculators#1081) names its cached maps by the draft
 vocabulary size, ``d2t-32000.npy`` and ``t2d-32000.npy``: that size is checked against
@@ -35,7 +35,7 @@ from ckptxform.errors import (
 )
 from ckptxform.fileio import refuse_non_regular
 from ckptxform.sources.safetensors_header import read_header
-from ckptxform.vocab import Encoding, VocabMap, vocab_map_from_bytes
+from ckptxform.vocab.maps import Encoding, VocabMap, vocab_map_from_bytes
 
 __all__ = ["load_vocab_file"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import PlanError
 from ...rules.model import RuleSet
 from ...sources.base import Checkpoint
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 from .references import MISSING as _MISSING
 from .references import References
 from .references import get_path as _get

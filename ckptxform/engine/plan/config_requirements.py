@@ -20,7 +20,7 @@ from ...errors import PlanError, RequirementError
 from ...rules.config_assertions import sources_read
 from ...rules.model import ConfigAssertion, RuleSet
 from ...sources.base import Checkpoint
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 from .references import MISSING, References, get_path
 
 _BOUNDS = {"min": (lambda v, b: v >= b, "below the least allowed"),

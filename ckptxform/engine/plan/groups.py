@@ -23,7 +23,7 @@ from ...rules.model import TensorRule
 from ...rules.templates import is_index, natural_key
 from ...sources.base import ShardInfo, TensorInfo
 from ...sources.model_parallel import missing_shards
-from ...vocab import Alignment, VocabMap
+from ...vocab.maps import Alignment, VocabMap
 from .recipes import BlockProgram, ByteProgram, CopyTensor, Recipe, TensorRef
 from .references import MISSING, References, get_path
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...sources.base import Checkpoint
 from ...sources.pins import FilePin
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 
 
 @dataclass

@@ -20,7 +20,7 @@ from ...errors import PlanError, SourceNotFoundError, printable, quote_keys
 from ...rules.model import AddEntry, RuleSet, TensorRule
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
-from ...vocab import Alignment, VocabMap
+from ...vocab.maps import Alignment, VocabMap
 from .config_builder import build_config
 from .cast_checks import check_quantized_casts
 from .config_checks import check_config

@@ -28,7 +28,7 @@ from ...errors import printable
 from ...ops.base import Block, InputTensor, Run, View
 from ...ops.accounts import RowAccount, RowsOrigin
 from ...sources.base import Checkpoint, TensorInfo
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 
 #: bytes moved per read/write; bounds memory per tensor being copied or gathered
 CHUNK_BYTES = 16 << 20

@@ -20,7 +20,7 @@ from ...rules.model import RuleSet
 from ...rules.templates import parse_template
 from ...sources.base import Checkpoint
 from ...sources.resolve import hub_location
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 
 MISSING = object()
 #: the keys whose whole shape is being worked out (concat_shards arguments reading their own)

@@ -13,7 +13,7 @@ from ...rules.model import VocabSpec
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin, pin_existing, pin_path
 from ...sources.vocab_files import load_vocab_file
-from ...vocab import VocabMap, vocab_map_from_bytes
+from ...vocab.maps import VocabMap, vocab_map_from_bytes
 from .references import References
 
 #: (source, key, what asks for it, the fix) -> the tensor's header entry, or a one-line error

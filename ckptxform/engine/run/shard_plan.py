@@ -24,7 +24,7 @@ from ...ops.base import Block, Run, View
 from ...ops.rows import FILL_ROWS
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin, changed_error
-from ...vocab import VocabMap
+from ...vocab.maps import VocabMap
 from ...where import Where
 from ..output.jobdir import JobDir
 from ..plan.codec import Codec

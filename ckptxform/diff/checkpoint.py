@@ -14,9 +14,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .diff_structure import StructuralRule, infer_structure
-from .sources.base import TensorInfo
-from .sources.resolve import open_location
+from .structure import StructuralRule, infer_structure
+from ..sources.base import TensorInfo
+from ..sources.resolve import open_location
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class CheckpointDiff:
         """A starting rule file converting A into B's layout; every line is for review.
         ``saved_as``: the file it will be written to (the ``$schema`` comment and the
         source path are made relative to it; None: to the working directory)."""
-        from .rules.invert import schema_reference
+        from ..rules.invert import schema_reference
 
         quote = _yaml_quote
         base = os.path.dirname(os.path.abspath(saved_as)) if saved_as else os.getcwd()

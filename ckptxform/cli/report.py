@@ -5,18 +5,18 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from .engine.run.execute import ApplyResult
-from .engine.plan.planner import Plan
-from .engine.plan.recipes import TensorRecord
-from .errors import printable, quote_keys, terminal_line
-from .sources.base import Checkpoint
+from ..engine.run.execute import ApplyResult
+from ..engine.plan.planner import Plan
+from ..engine.plan.recipes import TensorRecord
+from ..errors import printable, quote_keys, terminal_line
+from ..sources.base import Checkpoint
 
 if TYPE_CHECKING:
     from .catalogue import RuleCard
     from .demo import DemoResult, RuleDemo
-    from .rules.library import ShippedRule
-    from .sources.dcp import DcpListing
-    from .sources.kind import CheckpointKind
+    from ..rules.library import ShippedRule
+    from ..sources.dcp import DcpListing
+    from ..sources.kind import CheckpointKind
 
 #: what a source tensor did when it was carried into the output; every other record is
 #: named on screen with its reason (the founding story's "skipped 2" said not which)

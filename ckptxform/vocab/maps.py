@@ -11,7 +11,7 @@ permuting ``lm_head`` rows needs.
 Pure Python on purpose: plan-time code must not import torch (design.md), and decoding a
 164k-entry map with ``array`` takes milliseconds. Reading a map from a standalone file
 (``load_vocab_file``) lives in ``ckptxform.sources.vocab_files``.
-The checks, and how a wrong declared encoding is caught, are in ``ckptxform.vocab_checks``.
+The checks, and how a wrong declared encoding is caught, are in ``ckptxform.vocab.checks``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptxform.errors import VocabMapError
-from ckptxform.vocab_checks import Encoding, check_encoding, check_ids, checked_targets, where_prefix
+from ckptxform.vocab.checks import Encoding, check_encoding, check_ids, checked_targets, where_prefix
 
 __all__ = ["Alignment", "Encoding", "VocabMap", "vocab_map_from_bytes"]
 

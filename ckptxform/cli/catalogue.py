@@ -1,6 +1,6 @@
 """The rule library as a catalogue: each shipped rule with its sources, the families it
 covers, the reference it is checked against and whether it inverts, for ``ckptxform rules
-show NAME`` and the README's table (``python -m ckptxform.catalogue`` prints the table;
+show NAME`` and the README's table (``python -m ckptxform.cli.catalogue`` prints the table;
 tests/test_rule_standins.py checks that the README holds exactly that).
 """
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import RuleError, UsageError
-from .rules.catalogue import shipped_rules
-from .rules.library import ShippedRule, shipped_rule_path
-from .standins.for_rules import STANDINS, RuleStandin
+from ..errors import RuleError, UsageError
+from ..rules.catalogue import shipped_rules
+from ..rules.library import ShippedRule, shipped_rule_path
+from ..standins.for_rules import STANDINS, RuleStandin
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class RuleCard:
 
 
 def _no_inverse(rule: ShippedRule) -> str | None:
-    from .rules.invert import inverse_yaml
-    from .rules.loader import load_rules
+    from ..rules.invert import inverse_yaml
+    from ..rules.loader import load_rules
 
     try:
         inverse_yaml(load_rules(rule.path))

@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .sources.base import TensorInfo
+from ..sources.base import TensorInfo
 
 _NUMBER = re.compile(r"^[0-9]+$")
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import SourceNotFoundError
-from .sources.resolve import open_location
-from .sources.vocab_files import load_vocab_file
-from .vocab import Alignment, Encoding, VocabMap, vocab_map_from_bytes
+from ..errors import SourceNotFoundError
+from ..sources.resolve import open_location
+from ..sources.vocab_files import load_vocab_file
+from .maps import Alignment, Encoding, VocabMap, vocab_map_from_bytes
 
 _MAP_FILES = (".json", ".pt", ".pth")
 

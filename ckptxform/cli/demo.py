@@ -16,11 +16,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import api
-from ._data import data_dir
-from .engine.run.execute import ApplyResult
-from .engine.plan.planner import Plan
-from .errors import OutputError, UsageError
+from .. import api
+from .._data import data_dir
+from ..engine.run.execute import ApplyResult
+from ..engine.plan.planner import Plan
+from ..errors import OutputError, UsageError
 
 
 #: the shipped rule the demo runs, by the name a user types
@@ -43,7 +43,7 @@ class DemoResult:
 
 def run_demo(out: str | Path | None = None, *, force: bool = False) -> DemoResult:
     """Build the stand-ins under ``out`` (default: a new temporary directory) and convert them."""
-    from .standins import build_headline_standins
+    from ..standins import build_headline_standins
 
     root = Path(os.path.abspath(out) if out is not None else tempfile.mkdtemp(prefix="ckptxform-demo-"))
     made = (root,) if not root.exists() or not any(root.iterdir()) else (root / "sources", root / "converted")
@@ -78,8 +78,8 @@ class RuleDemo:
 def build_rule_demo(rule: str, out: str | Path | None = None, *, force: bool = False) -> RuleDemo:
     """Stand-ins of the sources of the shipped rule ``rule`` (file stem or name) under
     ``out/sources`` (default: a new temporary directory); nothing is converted."""
-    from .rules.library import shipped_rule_path
-    from .standins.for_rules import STANDINS
+    from ..rules.library import shipped_rule_path
+    from ..standins.for_rules import STANDINS
 
     path = shipped_rule_path(rule)
     standin = STANDINS.get(path.stem) if path is not None else None

@@ -18,7 +18,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from .errors import CkptxformError, RuleError, redact, terminal_line
+from ..errors import CkptxformError, RuleError, redact, terminal_line
 from .terminal import guarded_stdout
 
 F = TypeVar("F", bound=Callable[..., Any])

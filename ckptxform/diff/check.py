@@ -9,10 +9,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .ckpt_diff import CheckpointDiff
-from .errors import CkptxformError
-from .sources.base import Checkpoint, TensorInfo
-from .sources.resolve import open_location
+from .checkpoint import CheckpointDiff
+from ..errors import CkptxformError
+from ..sources.base import Checkpoint, TensorInfo
+from ..sources.resolve import open_location
 
 #: bytes compared at once
 _CHUNK = 16 << 20
@@ -48,7 +48,7 @@ def checked_rules(diff: CheckpointDiff, saved_as: str | None = None) -> str:
 def reproduction_gaps(diff: CheckpointDiff) -> tuple[str | None, list[tuple[str, str]]]:
     """(why ``diff``'s rule does not apply to A, or None; (key, why) of every tensor of B
     it does not reproduce applied to A, or writes and B has not)."""
-    from . import api
+    from .. import api
 
     with tempfile.TemporaryDirectory(prefix="ckptxform-diff-") as tmp:
         rules = Path(tmp) / "emitted.yaml"

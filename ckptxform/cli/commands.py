@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from .cli_errors import reports_errors, usage_failure
-from .engine.run.executors import EXECUTORS
-from .engine.run.options import RunOptions
-from .errors import RuleError, UsageError, terminal_line
-from .log import configure_stderr
-from .tensor_digest import DEFAULT_DIGEST, DIGESTS
+from .failures import reports_errors, usage_failure
+from ..engine.run.executors import EXECUTORS
+from ..engine.run.options import RunOptions
+from ..errors import RuleError, UsageError, terminal_line
+from ..log import configure_stderr
+from ..tensor_digest import DEFAULT_DIGEST, DIGESTS
 
 _LEVEL_KEY = "ckptxform.log_level"
 
@@ -91,7 +91,7 @@ def _print_result(result: Any, as_json: bool) -> None:
     committed, so a stdout that cannot take it is said on stderr and the command still
     exits 0 (README, "Exit status and --json")."""
     from . import report
-    from .log import logger
+    from ..log import logger
     from .terminal import echo_done
 
     if not as_json and _quiet():
@@ -158,7 +158,7 @@ main.params.append(click.Option(["--json"], is_flag=True, expose_value=False, ca
 @reports_errors
 def validate(rules: tuple[str, ...], as_json: bool) -> None:
     """Check rule files against the rule language; exit 2 with FILE:LINE:COL messages if invalid."""
-    from .rules.loader import load_rules
+    from ..rules.loader import load_rules
 
     problems: list[str] = []
     first: RuleError | None = None
@@ -193,7 +193,7 @@ def list_rules(ctx: click.Context, as_json: bool) -> None:
     """List the shipped rule library: each rule's name, description and default sources;
     `rules show NAME` prints one rule's file, sources and what it was checked against."""
     from . import report
-    from .rules.catalogue import shipped_rules
+    from ..rules.catalogue import shipped_rules
 
     if ctx.invoked_subcommand is not None:
         return
@@ -237,7 +237,8 @@ _require_pinned_option = click.option(
 @reports_errors
 def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bool) -> None:
     """Show what apply would do, from headers only: every tensor, the vocab statistics."""
-    from . import api, report
+    from .. import api
+    from . import report
 
     with api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned) as the_plan:
         click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json
@@ -273,7 +274,7 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
           digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
           shard_of: str | None, strict: bool, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
-    from . import api
+    from .. import api
 
     options = RunOptions(force=force, fsync=not no_fsync, require_pinned=require_pinned,
                          progress=False if _quiet() else None, digest=digest, jobs=jobs, resume=not no_resume,
@@ -286,7 +287,7 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
-    from .rules.templates import is_index
+    from ..rules.templates import is_index
 
     rank, sep, world = value.partition("/")
     if not (sep and is_index(rank) and is_index(world) and int(rank) < int(world)):
@@ -307,7 +308,7 @@ def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
 def finalize(rules: str, sources: tuple[str, ...], out: str, force: bool, no_fsync: bool, digest: str,
              as_json: bool) -> None:
     """Commit OUT from the shards every 'apply --shard-of RANK/WORLD' wrote (same arguments)."""
-    from . import api
+    from .. import api
 
     result = api.finalize(rules, out=out, sources=_parse_overrides(sources), force=force, fsync=not no_fsync,
                           digest=digest)
@@ -323,7 +324,7 @@ def inspect(location: str, as_json: bool) -> None:
     Meta consolidated.NN.pth) and list its tensors, shapes, dtypes, files and total bytes
     (headers and metadata only)."""
     from . import report
-    from .sources.resolve import inspect_location
+    from ..sources.resolve import inspect_location
 
     listing, kind = inspect_location(location)
     with listing:
@@ -340,7 +341,7 @@ def inspect(location: str, as_json: bool) -> None:
 @reports_errors
 def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -> None:
     """Compare two drafters' draft vocabularies (d2t/t2d, or vocab-map files)."""
-    from .vocab_diff import vocab_diff as compare
+    from ..vocab.diff import vocab_diff as compare
 
     result = compare(location_a, location_b, encoding=encoding)  # type: ignore[arg-type]
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
@@ -357,8 +358,8 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 @reports_errors
 def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as_json: bool) -> None:
     """Compare two checkpoints' keys, shapes and dtypes; suggest renames and structural ops."""
-    from .ckpt_diff import checkpoint_diff
-    from .diff_check import NotReproduced, checked_rules
+    from ..diff.checkpoint import checkpoint_diff
+    from ..diff.check import NotReproduced, checked_rules
 
     result = checkpoint_diff(location_a, location_b)
     if emit_rules:
@@ -387,8 +388,8 @@ def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as
 @reports_errors
 def invert(rules: str, out: str | None, over: str | None) -> None:
     """Print the rule file that undoes RULES (checked); exit 2 naming each rule with no inverse."""
-    from .rules.invert import proven_inverse_yaml
-    from .rules.loader import load_rules
+    from ..rules.invert import proven_inverse_yaml
+    from ..rules.loader import load_rules
 
     text = proven_inverse_yaml(load_rules(rules), out, over)
     if out is None:
@@ -426,7 +427,7 @@ def demo(rule: str | None, out: str | None, force: bool) -> None:
 @reports_errors
 def verify(out: str, as_json: bool) -> None:
     """Re-read every tensor of OUT and check it against OUT's audit log (digests, shapes, index, config)."""
-    from .engine.output.verify import verify as check
+    from ..engine.output.verify import verify as check
 
     result = check(out)
     if as_json:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from .errors import OutputStreamError
+from ..errors import OutputStreamError
 
 
 class _GuardedStream:
