@@ -186,6 +186,8 @@ class ConfigSpec:
 
     where: Where
     from_source: str | None = None
+    #: start from this dotted path of the ``from`` source's config (a VLM's ``text_config``)
+    root: str | None = None
     keep: tuple[str, ...] | None = None
     rename: tuple[tuple[str, str], ...] = ()
     delete: tuple[str, ...] = ()

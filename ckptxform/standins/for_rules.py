@@ -36,6 +36,7 @@ from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
+from ckptxform.standins.vlm import build_llava
 
 __all__ = ["STANDINS", "RuleStandin", "standin_for"]
 
@@ -160,6 +161,11 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "llava_to_text": RuleStandin(
+        lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
+        "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",
+        "llava-hf/llava-1.5-7b-hf, llava-1.5-13b-hf and their fine-tunes",
+        "transformers' LlavaForConditionalGeneration text path: same logits; LlamaForCausalLM loads it strictly"),
     "mixtral_legacy_to_fused": RuleStandin(
         lambda root: _model(build_moe(root / "Mixtral-8x7B-Instruct-v0.1", "mixtral")),
         "Mixtral per-expert w1/w2/w3", "fused gate_up_proj/down_proj (transformers 5.x)",

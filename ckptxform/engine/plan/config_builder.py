@@ -34,7 +34,7 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
                             f"({ckpts[spec.from_source].location}) has no "
                             f"{rules.sources[spec.from_source].config_file}; "
                             "add one to the source or drop config.from", source=spec.from_source)
-        base = found
+        base = found if spec.root is None else _subtree(found, spec, rules.sources[spec.from_source].config_file)
     if spec.keep is None:
         out = copy.deepcopy(base)
     else:
@@ -51,7 +51,8 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
     for path in spec.delete:
         _delete(out, path)
 
-    label = (f"the config of source {spec.from_source!r}" if spec.from_source is not None
+    label = (f"the config of source {spec.from_source!r}" + (f" at {spec.root!r}" if spec.root else "")
+             if spec.from_source is not None
              else "the output config (config.from is not set)")
     refs = References(rules, ckpts, vocab, base, label)
 
@@ -69,6 +70,22 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
     if rules.output.dtype is not None:
         _say_dtype(out, rules.output.dtype)
     return out
+
+
+def _subtree(found: dict[str, Any], spec: Any, config_file: str) -> dict[str, Any]:
+    """``config.root``: the mapping at that dotted path of the source's config; absent or not
+    a mapping is a plan error naming the fields there are (a rule for a VLM on a text model)."""
+    value = _get(found, spec.root)
+    if isinstance(value, dict):
+        return value
+    parent_path, _, _ = spec.root.rpartition(".")
+    parent = _get(found, parent_path) if parent_path else found
+    fields = sorted(k for k, v in parent.items() if isinstance(v, dict)) if isinstance(parent, dict) else []
+    what = "is absent" if value is _MISSING else f"is {type(value).__name__}, not a mapping"
+    hint = (f"; its mappings there: {', '.join(repr(f) for f in fields[:10])}" if fields
+            else "; this source's config has no sub-configs: is it the model the rule is for?")
+    raise PlanError(f"config.root ({spec.where.short}): {spec.root!r} of {config_file} of source "
+                    f"{spec.from_source!r} {what}{hint}", source=spec.from_source)
 
 
 #: the fields transformers reads a checkpoint's dtype from (``dtype`` since 5.0)
