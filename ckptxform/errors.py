@@ -127,6 +127,11 @@ class RequirementError(PlanError):
     """A ``require`` assertion of the rule file does not hold."""
 
 
+class PluginError(CkptxformError, ImportError):
+    """An installed plug-in (an op or a source format of another package) cannot be loaded
+    or is not well formed; the message names the package and its entry point."""
+
+
 class OutputError(CkptxformError, OSError):
     """The output cannot be written (exists, locked, disk full...)."""
 

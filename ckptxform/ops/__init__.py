@@ -3,7 +3,9 @@
 Adding a verb: write its ``OpDef`` (schema, kind, what it accepts and yields, shape rule,
 inverse, wording, and for a block op its ``blocks`` program, which must make any range of
 rows or say ``row_sliced = False``) in a module of this package and list it in ``OPS``; the
-loader, planner, executor, ``invert`` and the audit take it from here. The schema file
+loader, planner, executor, ``invert`` and the audit take it from here. A package outside
+ckptxform adds a verb the same way, through the entry-point group ``ckptxform.ops``
+(``registry.py``; the README shows how). The schema file
 holds the same fragments for editors (tests/test_ops_registry.py keeps them in step).
 """
 
@@ -33,7 +35,10 @@ from .shards import ConcatShards
 from .transpose import Transpose
 from .views import Deinterleave, Interleave, MergeHeads, Reshape, SplitHeads
 
-OPS: dict[str, OpDef] = {op.verb: op for op in (
+from .registry import OpRegistry
+
+#: every verb: the built-in ops below, then plug-ins (entry points ``ckptxform.ops``)
+OPS = OpRegistry({op.verb: op for op in (
     Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
@@ -41,15 +46,20 @@ OPS: dict[str, OpDef] = {op.verb: op for op in (
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
     ConcatShards(),
     DequantScaled(),
-)}
+)})
 
 
 def ops_schema() -> dict[str, Any]:
     """The JSON Schema of one item of ``ops:`` (a one-key mapping), from the registry."""
     return {"type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
             "description": "One op: a one-key mapping from its verb to its arguments.",
-            "properties": {verb: {**op.schema, "description": op.description} for verb, op in sorted(OPS.items())}}
+            "properties": {verb: op_schema(op) for verb, op in sorted(OPS.builtins.items())}}
+
+
+def op_schema(op: OpDef) -> dict[str, Any]:
+    """The schema fragment of one op's arguments, with its description (editors show it)."""
+    return {**op.schema, "description": op.description}
 
 
 __all__ = ["OPS", "Block", "BlockOp", "Context", "NoInverse", "OpDef", "Run", "Step", "Value", "View",
-           "ops_schema"]
+           "op_schema", "ops_schema"]

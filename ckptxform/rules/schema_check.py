@@ -8,6 +8,7 @@ message per failed one-of instead of one per branch.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from functools import lru_cache
@@ -53,11 +54,31 @@ def rules_schema() -> dict[str, Any]:
     return schema
 
 
-@lru_cache(maxsize=1)
-def _validator() -> jsonschema.Draft202012Validator:
+@lru_cache(maxsize=8)
+def _validator(plugin_verbs: tuple[str, ...] = ()) -> jsonschema.Draft202012Validator:
+    """The rules schema's validator; with the fragments of the plug-in ops ``plugin_verbs``
+    among the verbs of ``ops:`` when a document uses some."""
     import jsonschema
 
-    return jsonschema.Draft202012Validator(rules_schema())
+    schema = rules_schema()
+    if plugin_verbs:
+        from ..ops import OPS, op_schema
+
+        schema = copy.deepcopy(schema)
+        schema["$defs"]["op"]["properties"].update({v: op_schema(OPS[v]) for v in plugin_verbs})
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _plugin_verbs(data: Any) -> tuple[str, ...]:
+    """The verbs of ``data``'s ``ops:`` chains that no built-in op has but an installed
+    plug-in does (plug-ins are looked up only when such a verb is written)."""
+    from ..ops import OPS
+
+    written = {verb for rule in (data.get("tensors") if isinstance(data, dict) else None) or []
+               if isinstance(rule, dict) and isinstance(rule.get("ops"), list)
+               for item in rule["ops"] if isinstance(item, dict) for verb in item if isinstance(verb, str)}
+    unknown = written - set(OPS.builtins)
+    return tuple(sorted(unknown & set(OPS.plugins()))) if unknown else ()
 
 
 def plain(name: str) -> str:
@@ -75,11 +96,13 @@ def format_path(path: tuple[str | int, ...] | list[str | int]) -> str:
 
 def schema_problems(doc: YamlDocument) -> list[tuple[tuple[int, int], str]]:
     """Every schema violation of ``doc`` as ``((line, col), message)``, in file order."""
-    key = validity_cache.document_key(_schema_text(), doc.data)
+    plugins = _plugin_verbs(doc.data)
+    # a plug-in can change without the rule file: its documents are checked every time
+    key = validity_cache.document_key(_schema_text(), doc.data) if not plugins else None
     if key is not None and validity_cache.known_valid(key):
         return []
     found: dict[str, tuple[int, int]] = {}
-    errors = list(_validator().iter_errors(doc.data))
+    errors = list(_validator(plugins).iter_errors(doc.data))
     if not errors:
         if key is not None:
             validity_cache.remember_valid(key)

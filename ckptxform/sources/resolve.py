@@ -119,12 +119,20 @@ def inspect_location(location: str) -> tuple[Any, Any]:
     return open_location(kind.path), kind
 
 
+#: the files a built-in format opens; a file named otherwise is offered to plug-ins first
+_BUILTIN_FILE_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
+
+
 def _open_path(path: str, name: str | None) -> Checkpoint:
     """A local checkpoint: a DCP directory (``.metadata`` + ``*.distcp``), Megatron's torch_dist
     (an iteration directory, or a save directory pointing at one), or safetensors/.bin files."""
     from .kind import detect_kind
 
     kind = detect_kind(Path(path)).kind if Path(path).is_dir() else None
+    if kind in ("unknown", "assets") or (kind is None and not path.endswith(_BUILTIN_FILE_SUFFIXES)):
+        opened = _open_with_plugin(path, name)
+        if opened is not None:
+            return opened
     if kind in ("torch_dist", "megatron"):
         from .torch_dist import open_torch_dist
 
@@ -137,7 +145,21 @@ def _open_path(path: str, name: str | None) -> Checkpoint:
 
     if Path(path).is_dir() and not has_weights(Path(path)) and (Path(path) / "config.json").is_file():
         return open_assets(path, name=name)  # config.json + tokenizer files only (torchtitan's hf_assets)
-    return open_local(path, name=name)
+    try:
+        return open_local(path, name=name)
+    except SourceNotFoundError:  # no weights a built-in format knows: a plug-in's, perhaps
+        opened = _open_with_plugin(path, name)
+        if opened is None:
+            raise
+        return opened
+
+
+def _open_with_plugin(path: str, name: str | None) -> Checkpoint | None:
+    """``path`` opened by the first installed plug-in format that claims it, or None."""
+    from .plugins import open_with_plugin, plugin_format_for
+
+    fmt = plugin_format_for(Path(path))
+    return open_with_plugin(fmt, path, name) if fmt is not None else None
 
 
 def _split_fetch_option(location: str) -> tuple[str, str | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from ...errors import OutputError
 
 
 class Codec:
-    def __init__(self, classes: Iterable[type], ops: dict[str, Any]) -> None:
+    def __init__(self, classes: Iterable[type], ops: Mapping[str, Any]) -> None:
         self._classes = {cls.__name__: cls for cls in classes}
         self._ops = ops
 

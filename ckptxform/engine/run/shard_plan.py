@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -156,7 +157,7 @@ def _header(info: TensorInfo) -> str:
 CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
                OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
                VocabField, TensorRef, View, Run, Block, Where],
-              {**OPS, FILL_ROWS.verb: FILL_ROWS})  # fill_rows: made by permute_rows, not a verb of ops:
+              ChainMap({FILL_ROWS.verb: FILL_ROWS}, OPS))  # fill_rows: made by permute_rows, not a verb of ops:
 
 
 def save_run_plan(job: JobDir, run: RunPlan) -> str:
