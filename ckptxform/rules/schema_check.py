@@ -74,7 +74,8 @@ def _plugin_verbs(data: Any) -> tuple[str, ...]:
     plug-in does (plug-ins are looked up only when such a verb is written)."""
     from ..ops import OPS
 
-    written = {verb for rule in (data.get("tensors") if isinstance(data, dict) else None) or []
+    rules = data.get("tensors") if isinstance(data, dict) else None
+    written = {verb for rule in (rules if isinstance(rules, list) else ())
                if isinstance(rule, dict) and isinstance(rule.get("ops"), list)
                for item in rule["ops"] if isinstance(item, dict) for verb in item if isinstance(verb, str)}
     unknown = written - set(OPS.builtins)
