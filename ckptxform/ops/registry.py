@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..entry_points import loaded_entry_points
 from ..errors import PluginError
 from .base import OpDef
 
@@ -61,26 +62,13 @@ class OpRegistry(Mapping[str, OpDef]):
 
 
 def _load_plugins(builtins: Mapping[str, OpDef]) -> dict[str, OpDef]:
-    from importlib.metadata import entry_points
-
     found: dict[str, OpDef] = {}
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        where = f"plug-in op {ep.name!r} ({ep.value!r}{_dist_name(ep)})"
-        try:
-            loaded = ep.load()
-        except Exception as err:  # a plug-in's import error is the plug-in's, named as such
-            raise PluginError(f"{where}: cannot be loaded: {type(err).__name__}: {err}; fix or uninstall "
-                              "the package") from err
-        op = _checked_op(loaded, ep.name, where, builtins)
-        if ep.name in found:
-            raise PluginError(f"{where}: two installed packages define verb {ep.name!r}; uninstall one")
-        found[ep.name] = op
+    for name, where, loaded in loaded_entry_points(ENTRY_POINT_GROUP, "op"):
+        op = _checked_op(loaded, name, where, builtins)
+        if name in found:
+            raise PluginError(f"{where}: two installed packages define verb {name!r}; uninstall one")
+        found[name] = op
     return found
-
-
-def _dist_name(ep: Any) -> str:
-    dist = getattr(ep, "dist", None)
-    return f" from package {dist.name!r}" if dist is not None else ""
 
 
 def _checked_op(loaded: Any, name: str, where: str, builtins: Mapping[str, OpDef]) -> OpDef:

@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..entry_points import loaded_entry_points
 from ..errors import PluginError
 from .base import Checkpoint
 
@@ -30,21 +31,13 @@ ENTRY_POINT_GROUP = "ckptxform.sources"
 @lru_cache(maxsize=1)
 def plugin_formats() -> tuple[Any, ...]:
     """The installed plug-in formats, loaded and checked, by name."""
-    from importlib.metadata import entry_points
-
     found = []
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        where = f"plug-in source format {ep.name!r} ({ep.value!r})"
-        try:
-            loaded = ep.load()
-        except Exception as err:  # a plug-in's import error is the plug-in's, named as such
-            raise PluginError(f"{where}: cannot be loaded: {type(err).__name__}: {err}; fix or uninstall "
-                              "the package") from err
+    for name, where, loaded in loaded_entry_points(ENTRY_POINT_GROUP, "source format"):
         fmt = loaded() if isinstance(loaded, type) else loaded
         missing = [a for a in ("name", "label", "detect", "open") if not hasattr(fmt, a)]
         if missing:
             raise PluginError(f"{where}: a source format needs {', '.join(missing)} (see ckptxform.sources.plugins)")
-        if fmt.name != ep.name:
+        if fmt.name != name:
             raise PluginError(f"{where}: the entry point's name must be the format's name, and it says {fmt.name!r}")
         found.append(fmt)
     return tuple(found)
