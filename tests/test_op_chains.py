@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import tensor_bytes
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, find, given, settings
 from hypothesis import strategies as st
 from op_references import (
     Int4Module,
@@ -135,7 +135,8 @@ def _split(case: Case, var: str, fn: Callable[[torch.Tensor], list[tuple[str, to
 
 
 @st.composite
-def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4", "scaled")) -> Case:
+def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4", "scaled"),
+          quantize: bool = False) -> Case:
     seed = draw(st.integers(0, 2 ** 16))
     gen = torch.Generator().manual_seed(seed)
     experts = draw(st.integers(1, 3))
@@ -143,13 +144,14 @@ def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4", 
     fp8 = kind == "fp8"
     tensors: dict[str, torch.Tensor] = {}
     if kind == "int4":
-        case = _int4_case(draw, gen, experts)
+        case = _int4_case(draw, gen, experts, [16, 4, 8] if quantize else [4, 8, 16])  # NVFP4: 16s
     elif kind == "mxfp4":
         case = _mxfp4_case(draw, gen, experts)
     elif kind == "scaled":
         case = _scaled_case(draw, gen, experts)
     elif fp8:
-        rows, cols = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+        rows = draw(st.integers(1, 12))
+        cols = draw(st.sampled_from([16, 32, 5])) if quantize else draw(st.integers(1, 12))  # NVFP4: 16s
         block = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
         srows, scols = -(-rows // block[0]), -(-cols // block[1])
         for e in range(experts):
@@ -192,14 +194,14 @@ def cases(draw: Any, kinds: tuple[str, ...] = ("plain", "fp8", "int4", "mxfp4", 
         _apply(case, {"dequant_scaled": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_scaled(dict(zip(names, ms)))))
         case.free.remove("T")
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2]) if quantize else st.integers(1, 4))):
         _draw_op(draw, case)
-    if kind == "bf16":
-        _draw_quantize(draw, case)
     if "T" in case.free:  # the FP8 members are consumed by a dequant, at the end if not before
         _apply(case, {"dequant_fp8_block": {"over": "T"}}, lambda: _reduce(
             case, "T", lambda ms, names: ref_dequant(dict(zip(names, ms)), case.block or (1, 1))))
         case.free.remove("T")
+    if kind == "bf16" or quantize:  # after a dequant: dequantize -> quantize in one rule
+        _draw_quantize(draw, case)
     return case
 
 
@@ -215,13 +217,18 @@ def _draw_quantize(draw: Any, case: Case) -> None:
     case.split_names["Q"] = ["weight", "weight_packed", "weight_scale", "weight_global_scale"] if nvfp4 \
         else ["weight", "weight_scale"]
     case.free.append("Q")
-    _apply(case, {verb: args}, lambda: _split(case, "Q", ref_quantize_nvfp4 if nvfp4
-                                              else lambda t: ref_quantize_fp8(t, block)))
+
+    def reference() -> None:
+        if case.kind == "mxfp4":  # gpt-oss's X_blocks/X_scales: no member is the weight a quantize takes
+            raise Invalid("quantize: the key after dequant_mxfp4 names no parameter")
+        _split(case, "Q", ref_quantize_nvfp4 if nvfp4 else lambda t: ref_quantize_fp8(t, block))
+
+    _apply(case, {verb: args}, reference)
 
 
-def _int4_case(draw: Any, gen: torch.Generator, experts: int) -> Case:
+def _int4_case(draw: Any, gen: torch.Generator, experts: int, group_sizes: list[int]) -> Case:
     """compressed-tensors pack-quantized int4 modules x.E (symmetric or not, scales bf16 or f32)."""
-    rows, group, groups = draw(st.integers(1, 12)), draw(st.sampled_from([4, 8, 16])), draw(st.integers(1, 2))
+    rows, group, groups = draw(st.integers(1, 12)), draw(st.sampled_from(group_sizes)), draw(st.integers(1, 2))
     symmetric, sdtype = draw(st.booleans()), draw(st.sampled_from([torch.bfloat16, torch.float32]))
     cols = group * groups
     tensors: dict[str, torch.Tensor] = {}
@@ -553,6 +560,29 @@ def test_a_chain_ending_in_a_quantize_op_equals_the_torch_reference(case: Case) 
         event(f"{case.ops[-1] and next(iter(case.ops[-1]))}: {run_case(case, Path(tmp))}")
 
 
+@settings(derandomize=True, max_examples=100, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(cases(kinds=("fp8", "int4", "scaled", "mxfp4"), quantize=True))
+def test_a_dequantize_then_quantize_chain_writes_what_the_quantize_declares(case: Case) -> None:
+    """Every dequant op, random ops, then every quantize op, in one rule: the parts the
+    quantize writes, bit for bit the reference's (once a rule of dequant_fp8_block then
+    quantize_nvfp4 wrote the bf16 weights under an NVFP4 config: the quantize saw 'X.{T}')."""
+    with tempfile.TemporaryDirectory() as tmp:
+        event(f"{case.kind} -> {next(iter(case.ops[-1]))}: {run_case(case, Path(tmp))}")
+
+
+@pytest.mark.parametrize("kind", ["fp8", "int4", "scaled"])
+@pytest.mark.parametrize("verb", ["quantize_fp8_block", "quantize_fp8_channel", "quantize_nvfp4"])
+def test_every_dequant_then_every_quantize_applies(kind: str, verb: str) -> None:
+    """Each pair at least once where the reference evaluates it (the search above may miss one)."""
+    case = find(cases(kinds=(kind,), quantize=True),
+                lambda c: c.items is not None and verb in c.ops[-1] and len(c.ops) == 2,
+                settings=settings(derandomize=True, database=None, max_examples=2000,
+                                  suppress_health_check=list(HealthCheck)))
+    with tempfile.TemporaryDirectory() as tmp:
+        assert run_case(case, Path(tmp)) == "applied, 2 ops"
+
+
 # ------------------------------------------------------------------ chains the search once failed on
 
 
@@ -611,6 +641,43 @@ def test_a_dequant_of_an_fp8_weight_with_no_columns_writes_an_empty_tensor(tmp_p
     case.free.remove("T")
     assert run_case(case, tmp_path) == "applied, 3 ops"
     assert case.expected()["y.0.w"].shape == (5, 0)
+
+
+def test_dequant_fp8_block_then_quantize_nvfp4_writes_nvfp4_under_its_config(tmp_path: Path) -> None:
+    """Issue 37 item 4: the one-rule chain writes what the two steps write (the e4m3 x
+    scale product in bf16, then NVFP4), every module quantized, under the NVFP4 config it sets."""
+    case = _fp8_case(24, 48, (16, 16), [])
+    case.key, case.free, case.split_names["Q"] = case.key, ["E", "Q"], \
+        ["weight", "weight_packed", "weight_scale", "weight_global_scale"]
+    case.ops.append({"quantize_nvfp4": {"into": "Q"}})
+    _split(case, "Q", ref_quantize_nvfp4)
+    rule, src = write_case(case, tmp_path)
+    rule.write_text(rule.read_text() + "config:\n  from: model\n  set:\n    quantization_config:\n"
+                    "      {quant_method: compressed-tensors, format: nvfp4-pack-quantized, ignore: [],\n"
+                    "       config_groups: {g: {targets: [Linear]}}}\n")
+    api.apply(rule, out=tmp_path / "out", sources={"model": str(src)}, progress=False)
+    got = load_file(str(tmp_path / "out" / "model.safetensors"))
+    want = case.expected()
+    assert sorted(got) == sorted(want) == [f"y.0.{part}.w" for part in ("weight_global_scale", "weight_packed",
+                                                                          "weight_scale")]
+    for key, value in want.items():
+        assert tensor_bytes(got[key]) == tensor_bytes(value), key
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "nvfp4-pack-quantized"
+    audit = [json.loads(line) for line in (tmp_path / "out" / "ckptxform_audit.jsonl").read_text().splitlines()]
+    assert {r["key"]: r["action"] for r in audit if r.get("key", "").startswith("m.0.")} == \
+        {"m.0.weight": "transformed", "m.0.weight_scale_inv": "transformed"}
+
+
+def test_a_quantize_after_a_dequant_naming_no_weight_is_refused(tmp_path: Path) -> None:
+    """gpt-oss's X_blocks/X_scales: after dequant_mxfp4 nothing says which parameter the tensor
+    is, so a quantize refuses it at plan time instead of keeping it unquantized."""
+    tensors = {"x.0.blocks": torch.zeros(2, 1, 16, dtype=torch.uint8), "x.0.scales": torch.full((2, 1), 127, dtype=torch.uint8)}
+    case = Case(tensors, "x.{E}.{T:blocks,scales}", None, free=["E", "Q"], kind="mxfp4",
+                ops=[{"dequant_mxfp4": {"over": "T"}}, {"quantize_nvfp4": {"into": "Q"}}],
+                split_names={"Q": ["weight", "weight_packed", "weight_scale", "weight_global_scale"]},
+                config={"quantization_config": {"quant_method": "mxfp4"}})
+    assert run_case(case, tmp_path) == "refused at quantize_nvfp4"
 
 
 # ------------------------------------------------------------------ the chains of issue 21

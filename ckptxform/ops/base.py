@@ -302,6 +302,10 @@ class OpDef(ABC):
     #: reduce ops that judge incomplete groups themselves: ``reduce`` gets the present
     #: members only, in the enumeration's order
     partial_groups: ClassVar[bool] = False
+    #: reduce ops whose output is one member's tensor in another form (a dequant's module
+    #: tensors -> its ``weight``): later ops see the group's key with the reduced variable
+    #: set to this member (a quantize after a dequant judges ``X.weight``, not ``X.{T}``)
+    stands_for: ClassVar[str | None] = None
     #: JSON Schema of the verb's argument
     schema: ClassVar[dict[str, Any]]
     description: ClassVar[str]

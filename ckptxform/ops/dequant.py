@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ..dtypes import DTYPE_SIZES, USER_DTYPES
 from ..errors import QuantizationConfigError
@@ -41,6 +41,7 @@ _ARGS = {"type": "object", "additionalProperties": False, "required": ["over"],
 class _Dequant(BlockOp):
     kind = "reduce"
     partial_groups = True
+    stands_for: ClassVar[str | None] = "weight"
     schema = _ARGS
     yields = "either"  # a module stored unquantized is its weight's bytes
 

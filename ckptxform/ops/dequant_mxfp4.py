@@ -42,6 +42,7 @@ _SCALE_DTYPES = ("U8", "F8_E8M0")
 
 class DequantMxfp4(_Dequant):
     verb = "dequant_mxfp4"
+    stands_for = None  # gpt-oss names the module's tensor X_blocks/X_scales: no member is "the weight"
     description = ("MXFP4 (gpt-oss): uint8 blocks [..., G, 16] (two e2m1 codes a byte, low nibble first) "
                    "times 2**(scale - 127), one e8m0 scales byte per 32 values -> bfloat16 (or dtype) "
                    "[..., G*32], as transformers dequantizes it.")

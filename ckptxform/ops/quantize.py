@@ -95,6 +95,10 @@ class _Quantize(BlockOp):
 
     def split(self, args: Any, ctx: Context, value: View, names: tuple[str, ...] | None) -> list[tuple[str, Value]]:
         key = ctx.source_key()
+        if "{" in key.rpartition(".")[2]:
+            raise ctx.error(f"{self.verb}: which parameter of {key.rpartition('.')[0]!r} the tensor is "
+                            f"({key!r}) was consumed by an earlier op that names none of its members; "
+                            "quantize only X.weight (put the quantize in a rule whose key names it)", key=key)
         try:
             if kept(args, key) is not None:
                 return [("weight", value)]

@@ -160,6 +160,9 @@ class _Chain:
         self.space: list[Held | Block] = list(members)
         self.members = len(members)
         self.accounts: dict[Binding, tuple[RowsOrigin, str]] = {}
+        #: variables a reduce consumed whose output stands for one member (``Op.stands_for``):
+        #: the keys later ops see name that member, so a dequant's scales never pass for it
+        self.stands: dict[str, str] = {}
 
     def hold(self, item: Held | Block) -> View:
         """``item`` as one more input: a view of all its bytes."""
@@ -234,6 +237,8 @@ class _Chain:
                 order = self._order(step, ctx, rest, var, present)
             by_name = dict(group)
             out.append((rest, check_yield(op, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order]))))
+        if op.stands_for is not None:
+            self.stands[var] = op.stands_for
         return out
 
     def _siblings(self, step: Step, label: str, items: list[tuple[Binding, Value]],
@@ -348,5 +353,5 @@ class _Chain:
     def member_key(self, bound: dict[str, str], var: str, value: str) -> str:
         """The source key of one member of a group (variables no longer bound shown as ``{X}``)."""
         assert self.key is not None, "only a key: rule regroups"
-        names = {**bound, var: value}
+        names = {**self.stands, **bound, var: value}
         return "".join(p if isinstance(p, str) else names.get(p.name, "{" + p.name + "}") for p in self.key.parts)
