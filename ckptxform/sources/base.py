@@ -138,7 +138,7 @@ class Checkpoint(ABC):
         raise UsageError(f"{self.location}: {file!r} is not a safetensors file; an output can be laid out only "
                          "like a safetensors source")
 
-    def unread_header_keys(self, file: str) -> list[str] | None:
+    def unread_header_keys(self, file: str) -> Sequence[str] | None:
         """The keys the index assigns to ``file`` when its header has not been read
         (sorted: their offsets are not known), else None. Reading one of its tensors, or
         ``tensors_of_file``, reads it."""

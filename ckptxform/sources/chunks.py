@@ -10,6 +10,7 @@ an overlap or a gap is refused when the grid is made, before any byte is read.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -111,26 +112,44 @@ def _volume(sizes: tuple[int, ...]) -> int:
     return n
 
 
+#: how many cells of the grid the chunks' edges cut the tensor into may be checked: a layout
+#: torch writes (row, column or grid shards) has one cell per chunk; a crafted staggered one
+#: that needs more is refused rather than checked for ever
+MAX_TILING_CELLS = 1 << 21
+
+
 def _check_tiling(shape: tuple[int, ...], boxes: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], label: str,
                   names: Sequence[str]) -> None:
-    """The boxes lie inside ``shape``, do not overlap and cover it whole."""
+    """The boxes lie inside ``shape``, do not overlap and cover it whole.
+
+    Linear in the cells of the grid every chunk edge cuts the tensor into (one per chunk
+    for the layouts torch writes): two chunks overlap exactly when they share a cell."""
     for (offsets, sizes), name in zip(boxes, names):
         if any(o + s > d for o, s, d in zip(offsets, sizes, shape)):
             raise CheckpointFormatError(f"{label}: chunk {name} reaches outside the tensor's shape {list(shape)}; "
                                         "the metadata is damaged (save the checkpoint again)", path=label)
-    order = sorted((i for i, (_, s) in enumerate(boxes) if _volume(s) or not shape),
-                   key=lambda i: boxes[i][0])
-    active: list[int] = []
-    for i in order:
+    kept = [i for i, (_, s) in enumerate(boxes) if _volume(s) or not shape]
+    cuts: list[dict[int, int]] = []
+    for d, size in enumerate(shape):
+        edges = sorted({0, size, *(boxes[i][0][d] for i in kept), *(boxes[i][0][d] + boxes[i][1][d] for i in kept)})
+        cuts.append({edge: n for n, edge in enumerate(edges)})
+    owner: dict[tuple[int, ...], int] = {}
+    budget = max(MAX_TILING_CELLS, 8 * len(boxes))
+    for i in kept:
         offsets, sizes = boxes[i]
-        active = [j for j in active if not shape or boxes[j][0][0] + boxes[j][1][0] > offsets[0]]
-        for j in active:
-            other_offsets, other_sizes = boxes[j]
-            if all(a < c + d and c < a + b for a, b, c, d in zip(offsets, sizes, other_offsets, other_sizes)):
+        spans = [range(cut[o], cut[o + s]) for cut, o, s in zip(cuts, offsets, sizes)]
+        budget -= _volume(tuple(len(span) for span in spans))
+        if budget < 0:
+            raise CheckpointFormatError(
+                f"{label}: its {len(boxes)} chunks are staggered into more than {MAX_TILING_CELLS} pieces, which "
+                "no layout torch saves has; the metadata is damaged or hostile (save the checkpoint again)",
+                path=label)
+        for cell in itertools.product(*spans):
+            j = owner.setdefault(cell, i)
+            if j != i:
                 raise CheckpointFormatError(
                     f"{label}: chunks {names[j]} and {names[i]} overlap; the metadata is damaged or mixes two "
                     "saves (save the checkpoint again)", path=label)
-        active.append(i)
     covered, total = sum(_volume(s) for _, s in boxes), _volume(shape)
     if covered != total:
         raise CheckpointFormatError(

@@ -12,13 +12,14 @@ torch 2.x); anything else is refused by name.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from ckptxform.errors import CheckpointFormatError, quote
-from ckptxform.fileio import read_small_file
+from ckptxform.fileio import open_regular, read_small_file
 from ckptxform.sources.restricted_pickle import Named, Record, load_restricted
 
 METADATA = ".metadata"
@@ -138,6 +139,7 @@ def read_dcp_metadata(root: Path) -> DcpIndex:
     """The keys of the DCP checkpoint in directory ``root``, from its ``.metadata``."""
     path = root / METADATA
     label = str(path)
+    _check_pickle_start(path)
     blob = read_small_file(path, MAX_METADATA_BYTES, what=_WHAT)
     meta = load_restricted(blob, ALLOWED, label=label, what=_WHAT)
     if not isinstance(meta, _Metadata) or not isinstance(meta.get("state_dict_metadata"), dict):
@@ -146,11 +148,17 @@ def read_dcp_metadata(root: Path) -> DcpIndex:
     storage = meta.get("storage_data")
     if not isinstance(storage, dict):
         raise _bad(label, "its storage_data (where each chunk is stored) is missing")
+    if not all(isinstance(k, _MetadataIndex) and isinstance(v, _StorageInfo) for k, v in storage.items()):
+        bad = next(f"{type(k).__name__} key" if isinstance(v, _StorageInfo) else type(v).__name__
+                   for k, v in storage.items() if not (isinstance(k, _MetadataIndex) and isinstance(v, _StorageInfo)))
+        raise _bad(label, f"a storage entry (where a chunk is stored) is a {bad}, not torch's record")
     tensors: dict[str, DcpTensor] = {}
     objects: list[str] = []
     for key, item in meta.state_dict_metadata.items():
         if not isinstance(key, str):
-            raise _bad(label, f"it has a {type(key).__name__} key {key!r}")
+            raise _bad(label, f"it has a {type(key).__name__} key {_short(key)}")
+        if not _is_text(key):
+            raise _bad(label, f"key {quote(key)} is not valid UTF-8 text")
         if isinstance(item, _BytesStorage):
             objects.append(key)
         elif isinstance(item, _TensorStorage):
@@ -158,6 +166,17 @@ def read_dcp_metadata(root: Path) -> DcpIndex:
         else:
             raise _bad(label, f"key {quote(key)} is a {type(item).__name__}")
     return DcpIndex(tensors, tuple(objects), meta)
+
+
+def _check_pickle_start(path: Path) -> None:
+    """``path`` starts as the pickle ``dcp.save`` writes (protocol 2 to 5), checked before
+    the file is read whole: a sparse or foreign file of a gigabyte is refused at its first bytes."""
+    with open_regular(path) as f:
+        start = f.read(2)
+    if len(start) < 2 or start[0] != 0x80 or not 2 <= start[1] <= 5:
+        raise CheckpointFormatError(f"{path}: does not start as a pickle (first bytes {start!r}); {_WHAT} is a "
+                                    "pickle dcp.save writes: the file is damaged or is another file (copy the "
+                                    "checkpoint again)", path=str(path))
 
 
 def _tensor(label: str, key: str, item: _TensorStorage, storage: dict[Any, Any]) -> DcpTensor:
@@ -170,11 +189,14 @@ def _tensor(label: str, key: str, item: _TensorStorage, storage: dict[Any, Any])
         raise CheckpointFormatError(f"{label}: tensor {quote(key)} is a {props.layout} tensor; only dense "
                                     "(strided) tensors can be converted", path=label, key=key)
     chunks = []
-    for chunk in item.get("chunks") or ():
+    listed = item.get("chunks")
+    if not isinstance(listed, list) or not all(isinstance(chunk, _ChunkStorage) for chunk in listed):
+        raise _bad(label, f"the chunks of tensor {quote(key)} are not a list of chunk records")
+    for chunk in listed:
         offsets, sizes = chunk.get("offsets"), chunk.get("sizes")
         if not (_ints(offsets) and _ints(sizes) and len(offsets) == len(sizes) == len(shape)):
-            raise _bad(label, f"a chunk of tensor {quote(key)} has offsets {offsets!r} and sizes {sizes!r} "
-                              f"for a tensor of shape {list(shape)}")
+            raise _bad(label, f"a chunk of tensor {quote(key)} has offsets {_short(offsets)} and sizes "
+                              f"{_short(sizes)} for a tensor of shape {list(shape)}")
         where = storage.get(_index(key, offsets))
         if where is None:
             raise CheckpointFormatError(
@@ -182,11 +204,15 @@ def _tensor(label: str, key: str, item: _TensorStorage, storage: dict[Any, Any])
                 "(the save did not finish on every rank?); save the checkpoint again", path=label, key=key)
         file, offset, length = where.get("relative_path"), where.get("offset"), where.get("length")
         if not isinstance(file, str) or not _ints((offset, length)):
-            raise _bad(label, f"the storage entry of tensor {quote(key)} at {list(offsets)} is {where.__dict__!r}")
+            raise _bad(label, f"the storage entry of tensor {quote(key)} at {list(offsets)} is "
+                              f"{_short(where.__dict__)}")
+        if not _is_text(file):
+            raise _bad(label, f"the storage entry of tensor {quote(key)} at {list(offsets)} names file {quote(file)}, "
+                              "which is not valid UTF-8 text")
         if where.get("transform_descriptors"):
             raise CheckpointFormatError(
                 f"{label}: the chunk of tensor {quote(key)} at {list(offsets)} was saved through storage "
-                f"transforms {where.transform_descriptors!r} (compression); save without extensions to convert it",
+                f"transforms {_short(where.transform_descriptors)} (compression); save without extensions to convert it",
                 path=label, key=key)
         chunks.append(Chunk(tuple(offsets), tuple(sizes), file, offset, length))
     return DcpTensor(key, dtype.name, tuple(shape), tuple(chunks))
@@ -200,6 +226,24 @@ def _index(fqn: str, offsets: tuple[int, ...]) -> _MetadataIndex:
 
 def _ints(values: Any) -> bool:
     return isinstance(values, tuple) and all(type(v) is int and v >= 0 for v in values)
+
+
+def _short(value: Any) -> str:
+    """``value`` as a message shows it: a bounded repr, even of a list nested ten thousand
+    deep (``repr`` itself would recurse past the interpreter's limit)."""
+    try:
+        text = reprlib.repr(value)
+    except (RecursionError, ValueError):
+        text = f"a {type(value).__name__}"
+    return text
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bad(label: str, why: str) -> CheckpointFormatError:

@@ -13,7 +13,7 @@ it: such a shard's keys are only listed, never read or written.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
 
@@ -37,6 +37,8 @@ class LazyTensors(Mapping[str, TensorInfo]):
         self._by_file: dict[str, dict[str, str]] = {}
         for key, file in weight_map.items():
             self._by_file.setdefault(file, {})[key] = file
+        #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
+        self._sorted: dict[str, tuple[str, ...]] = {}
         self._shards: dict[str, dict[str, TensorInfo]] = {}
         self._lock = threading.Lock()  # one read of a header when two threads ask for it at once
 
@@ -45,9 +47,16 @@ class LazyTensors(Mapping[str, TensorInfo]):
         """The shards whose headers have been read so far."""
         return tuple(self._shards)
 
-    def keys_of(self, file: str) -> list[str]:
-        """The keys the index assigns to ``file``, sorted; no header is read."""
-        return sorted(self._by_file.get(file, {}))
+    def is_loaded(self, file: str) -> bool:
+        """Whether the header of ``file`` has been read."""
+        return file in self._shards
+
+    def keys_of(self, file: str) -> tuple[str, ...]:
+        """The keys the index assigns to ``file``, sorted (once per file); no header is read."""
+        keys = self._sorted.get(file)
+        if keys is None:
+            keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, {})))
+        return keys
 
     def shard(self, file: str) -> dict[str, TensorInfo]:
         """The tensors of one shard (its header is read the first time)."""
@@ -89,7 +98,7 @@ class LazyShards(Checkpoint):
             return super().tensor_keys()
         return list(self.tensors.weight_map)
 
-    def unread_header_keys(self, file: str) -> list[str] | None:
-        if not isinstance(self.tensors, LazyTensors) or file in self.tensors.loaded_files:
+    def unread_header_keys(self, file: str) -> Sequence[str] | None:
+        if not isinstance(self.tensors, LazyTensors) or self.tensors.is_loaded(file):
             return None
         return self.tensors.keys_of(file)

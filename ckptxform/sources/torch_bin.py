@@ -25,6 +25,7 @@ from typing import Any
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.errors import CheckpointFormatError
 from ckptxform.sources.base import TensorInfo
+from ckptxform.sources.zip_members import read_member
 
 
 def load_torch_file(path: Path) -> dict[str, Any]:
@@ -123,9 +124,10 @@ def stored_offsets(path: Path, state: Mapping[str, Any]) -> dict[str, int] | Non
     try:
         with zipfile.ZipFile(path) as archive:
             entries = [e for e in archive.infolist() if e.filename.rsplit("/", 2)[-2:-1] == ["data"]]
-            order = next((archive.read(e) for e in archive.infolist() if e.filename.endswith("/byteorder")), b"little")
-    except (OSError, zipfile.BadZipFile):
-        return None
+            order = next((read_member(archive, e, 16, label=str(path), what="a torch.save archive")
+                          for e in archive.infolist() if e.filename.endswith("/byteorder")), b"little")
+    except (OSError, zipfile.BadZipFile, CheckpointFormatError):
+        return None  # torch read it all the same: its tensors are read from the load
     if order.strip() != b"little" or any(e.compress_type != zipfile.ZIP_STORED for e in entries):
         return None
     storages = {}

@@ -15,20 +15,24 @@ and never read, so nothing of the file is imported or run.
 from __future__ import annotations
 
 import io
+import math
 import zipfile
 from pathlib import Path
 from typing import Any
 
-from ckptxform.errors import CheckpointFormatError
+from ckptxform.errors import CheckpointFormatError, quote
 from ckptxform.fileio import read_small_file
 from ckptxform.sources.dcp import DcpCheckpoint, open_dcp
 from ckptxform.sources.kind import megatron_iteration
 from ckptxform.sources.pins import pin_path
 from ckptxform.sources.restricted_pickle import Named, Record, load_restricted
+from ckptxform.sources.zip_members import read_member
 
 COMMON = "common.pt"
 #: common.pt holds args and small counters; a bound keeps a crafted one from filling memory
 _MAX_COMMON = 64 << 20
+#: and its pickle, however its zip member is compressed, inflates to no more than that
+_MAX_PICKLE = _MAX_COMMON
 _WHAT = "Megatron's common.pt"
 
 
@@ -61,32 +65,74 @@ def megatron_args(path: Path) -> dict[str, Any]:
     blob = read_small_file(path, _MAX_COMMON, what=_WHAT)
     try:
         archive = zipfile.ZipFile(io.BytesIO(blob))
-        pkl = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-        pickled = archive.read(pkl)
-    except (zipfile.BadZipFile, StopIteration, KeyError) as exc:
+        pkl = next(info for info in archive.infolist() if info.filename.endswith("data.pkl"))
+    except (zipfile.BadZipFile, StopIteration, KeyError, ValueError, OSError, EOFError) as exc:
         raise CheckpointFormatError(f"{path}: is not the torch.save archive Megatron writes ({exc}); the file is "
                                     "damaged", path=str(path)) from None
+    pickled = read_member(archive, pkl, _MAX_PICKLE, label=str(path), what=_WHAT)
     common = load_restricted(pickled, _Lenient(), label=str(path), what=_WHAT, persistent=lambda pid: _Inert())
     args = common.get("args") if isinstance(common, dict) else None
     if not isinstance(args, Record):
         raise CheckpointFormatError(f"{path}: holds no Megatron-LM 'args' (the training arguments the model's "
                                     "config is built from); save with Megatron-LM's save_checkpoint, or give the "
                                     "config another way", path=str(path))
-    return {k: v for k, v in ((k, _plain(v)) for k, v in vars(args).items()) if v is not _DROP}
+    plain = {}
+    for key, value in vars(args).items():
+        if not isinstance(key, str) or not _is_text(key):
+            raise CheckpointFormatError(f"{path}: args has a field named {quote(key)}, which is not text; the file "
+                                        "is damaged or was not written by Megatron-LM", path=str(path))
+        value = _plain(value, f"args.{key}", str(path), 0)
+        if value is not _DROP:
+            plain[key] = value
+    return plain
 
 
 _DROP = object()
+#: a Megatron-LM argument is a number, a string or a short list of them
+_MAX_DEPTH = 16
+_MAX_INT = 1 << 64
 
 
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
+def _plain(value: Any, field: str, path: str, depth: int) -> Any:
+    """``value`` as plain data, or ``_DROP`` (an object of another kind); a value no config
+    can hold (NaN, a number past 64 bits, text that is not UTF-8, a list nested past
+    ``_MAX_DEPTH`` or holding itself) is refused naming ``field``."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -_MAX_INT <= value <= _MAX_INT:
+            raise _bad_field(path, field, "is a number too large (more than 64 bits)")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _bad_field(path, field, f"is {value}, which a config (JSON) cannot hold")
+        return value
+    if isinstance(value, str):
+        if not _is_text(value):
+            raise _bad_field(path, field, "is not valid UTF-8 text")
         return value
     if isinstance(value, Named):
         return value.name
     if isinstance(value, (list, tuple)):
-        items = [_plain(v) for v in value]
+        if depth >= _MAX_DEPTH:
+            raise _bad_field(path, field, f"is nested too deep (more than {_MAX_DEPTH} lists, or a list that holds "
+                                          "itself)")
+        items = [_plain(v, f"{field}[{i}]", path, depth + 1) for i, v in enumerate(value)]
         return _DROP if any(v is _DROP for v in items) else items
     return _DROP
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bad_field(path: str, field: str, why: str) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{path}: {field} {why}; the file is damaged, or fix the argument and save the "
+                                 "checkpoint again", path=path)
 
 
 class _Inert:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ckptxform.errors import CheckpointFormatError
 from ckptxform.sources.restricted_pickle import Named, load_restricted
+from ckptxform.sources.zip_members import read_member
 
 _WHAT = "a torch.save'd DCP chunk"
 _ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -88,10 +89,9 @@ def tensor_data_offset(fd: int, offset: int, length: int, *, dtype: str, shape: 
         if pkl is None:
             raise ValueError("no data.pkl")
         prefix = pkl[: -len("data.pkl")]
-        if names[pkl].file_size > _MAX_PICKLE:
-            raise ValueError(f"data.pkl of {names[pkl].file_size} bytes")
-        pickled = archive.read(pkl)
-        order = archive.read(prefix + "byteorder") if prefix + "byteorder" in names else b"little"
+        pickled = read_member(archive, names[pkl], _MAX_PICKLE, label=label, what=_WHAT)
+        order = (read_member(archive, names[prefix + "byteorder"], 16, label=label, what=_WHAT)
+                 if prefix + "byteorder" in names else b"little")
     except CheckpointFormatError:
         raise
     except (zipfile.BadZipFile, ValueError, KeyError, OSError, EOFError, struct.error) as exc:
