@@ -28,6 +28,8 @@ DRAFTER_RULES: dict[str, str | None] = {
     "prune_draft_vocab_mla": "sglang",
     "dflash_to_speculators": "speculators,vllm",
     "mtp_extract": "speculators,vllm",
+    "dspark_to_speculators": "speculators,vllm",
+    "speculators_to_dspark": "sglang",
     # SGLang's standalone NextN layer: a DeepSeek model config, so only the model checks
     # (config against tensors) apply
     "deepseek_nextn_extract": "transformers",
@@ -49,4 +51,4 @@ def test_drafter_rule_output_passes_preflight(rule: str, tmp_path: Path) -> None
     report = preflight(str(out), verifier=sources.get("verifier"), consumers=DRAFTER_RULES[rule])
     assert report.exit_code == 0, report.text()
     if rule != "deepseek_nextn_extract":
-        assert report.family in ("eagle3", "dflash", "mtp"), report.text()
+        assert report.family in ("eagle3", "dflash", "dspark", "mtp"), report.text()

@@ -16,7 +16,8 @@ shipped rules' comments):
   vLLM's ``aux_hidden_state_layer_ids`` are used as they are, so a z-lab id must be shifted
   by +1 on the way (an id shifted past the verifier's last layer is dropped).
 - DFlash ``sample_from_anchor``: speculators' DFlash reads a missing one as false, its
-  DSpark as true.
+  DSpark as true (DeepSpec's convention: the anchor slot drafts too). DeepSpec's DSpark
+  ``target_layer_ids`` are z-lab's convention, with -1 the embedding output.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ DEFAULT_CONSUMERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("dflash", "native"): ("sglang", "transformers"),
     ("mtp", "speculators"): ("speculators", "vllm"),
     ("dspark", "speculators"): ("speculators", "vllm"),
+    ("dspark", "native"): ("sglang",),
 }
 
 #: where each consumer reads an EAGLE-3 drafter's verifier layers, first found wins

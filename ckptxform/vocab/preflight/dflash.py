@@ -36,36 +36,36 @@ def dflash_findings(ctx: Context) -> list[Finding]:
 
 
 def _unshifted(consumer: str, ids: list[int], zlab: list[int] | None) -> list[Finding]:
-    if zlab is not None and ids == zlab:
-        why = (f"they equal the z-lab target_layer_ids {zlab} beside them, which read hidden_states[i + 1]: "
-               f"{consumer} feeds the state one layer earlier than the drafter was trained on")
-    elif 0 in ids:
-        why = (f"id 0 is the verifier's embedding output for {consumer}, which no z-lab DFlash drafter reads "
-               "(its target_layer_id 0 is the first layer's output, id 1 here): the ids look unshifted")
-    else:
+    """Ids equal to the z-lab ids kept beside them were copied without the shift."""
+    if zlab is None or ids != zlab:
         return []
-    return [Finding(consumer, "aux-ids-unshifted", _FIELD, f"{ids}: {why}",
-                    f"write target_layer_ids + 1 ({[i + 1 for i in (zlab or ids)]}), dropping an id past the "
-                    "verifier's last layer", "dflash_to_speculators")]
+    return [Finding(consumer, "aux-ids-unshifted", _FIELD,
+                    f"{ids}: they equal the z-lab target_layer_ids {zlab} beside them, which read hidden_states[i + 1]: "
+                    f"{consumer} feeds the state one layer earlier than the drafter was trained on",
+                    f"write target_layer_ids + 1 ({[i + 1 for i in zlab]}), dropping an id past the verifier's last "
+                    "layer", "dflash_to_speculators")]
 
 
 def _native(ctx: Context) -> list[Finding]:
+    """z-lab DFlash (``dflash_config.target_layer_ids``) or DeepSpec DSpark (``target_layer_ids``,
+    -1 the embedding output): the trainer's own layout, read as it is."""
+    field, low = (_ZLAB, 0) if ctx.family == "dflash" else ("target_layer_ids", -1)
     out: list[Finding] = []
-    ids = ids_or_none(ctx.drafter.get(_ZLAB))
+    ids = ids_or_none(ctx.drafter.get(field))
     for consumer in ctx.consumers:
         if consumer in ("speculators", "vllm"):
+            rule = "dflash_to_speculators" if ctx.family == "dflash" else "dspark_to_speculators"
             out.append(Finding(consumer, "layout", "speculators_model_type",
-                               f"a z-lab DFlash config (dflash_config, no speculators_model_type): {consumer} reads "
-                               f"its verifier layers from {_FIELD}, which this config does not have",
-                               "convert it to the speculators layout", "dflash_to_speculators"))
+                               f"a {'z-lab DFlash' if ctx.family == 'dflash' else 'DeepSpec DSpark'} config (no "
+                               f"speculators_model_type): {consumer} reads its verifier layers from {_FIELD}, which "
+                               "this config does not have", "convert it to the speculators layout", rule))
             continue
         if ids is None:
-            out.append(Finding(consumer, "aux-ids-missing", _ZLAB,
+            out.append(Finding(consumer, "aux-ids-missing", field,
                                "the drafter names no verifier layers: the consumer cannot know which hidden states "
-                               "fc was trained on", "write dflash_config.target_layer_ids as trained"))
+                               f"fc was trained on", f"write {field} as trained"))
             continue
-        # z-lab id i reads hidden_states[i + 1]: the last valid id is the verifier's N - 1
-        out += range_findings(ctx, consumer, _ZLAB, ids)
+        out += range_findings(ctx, consumer, field, ids, low=low)
         out += fc_width_findings(ctx, consumer, len(ids))
     return out
 

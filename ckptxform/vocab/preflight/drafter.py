@@ -66,6 +66,8 @@ def family_and_layout(d: Opened) -> tuple[str, str]:
         return "eagle3", "native"
     if "dflash_config" in d.config:
         return "dflash", "native"
+    if "Qwen3DSparkModel" in architectures:  # DeepSpec's DSpark: its fields flat in the config
+        return "dspark", "native"
     return "model", "native"
 
 
