@@ -160,7 +160,7 @@ VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxf
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
-                    "mtp_graft.yaml")
+                    "mtp_graft.yaml", "dspark_to_speculators.yaml", "speculators_to_dspark.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -180,6 +180,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
     "mtp_extract.yaml": lambda root: _qwen3_next(root),
     "dflash_to_speculators.yaml": lambda root: _dflash(root),
+    "dspark_to_speculators.yaml": lambda root: _dspark(root),
+    "speculators_to_dspark.yaml": lambda root: _speculators_dspark(root),
     "mtp_graft.yaml": lambda root: _mtp_graft(root),
     "deepseek_nextn_extract.yaml": lambda root: _deepseek_v3(root),
 }
@@ -213,6 +215,21 @@ def _dflash(root: Path) -> Scenario:
     drafter = build_dflash_drafter(root / "Qwen3-8B-DFlash-b16", seed=15)
     verifier = build_qwen3_verifier(root / "Qwen3-8B", seed=16)
     return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
+
+
+def _dspark(root: Path) -> Scenario:
+    from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
+
+    verifier = build_dspark_verifier(root / "Qwen3-4B", seed=18)
+    drafter = build_dspark_drafter(root / "DSpark-Qwen3-4B", verifier.path, seed=19)
+    return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
+
+
+def _speculators_dspark(root: Path) -> Scenario:
+    from ckptxform.standins.for_rules import STANDINS as RULE_STANDINS
+
+    sources = RULE_STANDINS["speculators_to_dspark"].build(root)
+    return Scenario(sources, frozenset(read_output(Path(sources["model"]))), "model")
 
 
 @dataclass(frozen=True)

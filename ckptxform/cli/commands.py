@@ -348,6 +348,31 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 
 
 @main.command()
+@click.argument("location")
+@click.option("--verifier", "verifier", default=None, metavar="SOURCE",
+              help="The verifier the drafter is for (local or Hub): its config and headers only.")
+@click.option("--for", "consumers", default=None, metavar="CONSUMERS",
+              help="Comma-separated: speculators,vllm,sglang,llama.cpp,transformers (default: those that load "
+                   "the drafter's layout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (a list per consumer).")
+@reports_errors
+def preflight(location: str, verifier: str | None, consumers: str | None, as_json: bool) -> None:
+    """Say, for each consumer, what it would load silently wrong from the drafter at LOCATION
+    (vocabulary maps, widths, verifier layer ids, flags whose defaults differ); exit 1 when a
+    consumer is at risk. Reads headers, configs and the small d2t/t2d tensors only."""
+    from ..errors import SourceNotFoundError
+    from ..vocab.preflight import preflight as check
+
+    try:
+        report = check(location, verifier=verifier, consumers=consumers)
+    except SourceNotFoundError as err:  # exit 1 means "a consumer is at risk": a wrong path is usage
+        raise UsageError(str(err), path=err.path, source=err.source) from err
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+    if report.exit_code:
+        sys.exit(report.exit_code)
+
+
+@main.command()
 @click.argument("location_a")
 @click.argument("location_b")
 @click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout; "

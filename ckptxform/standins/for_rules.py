@@ -19,6 +19,7 @@ from ckptxform.standins.dcp_checkpoints import build_megatron_gpt, build_torchti
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
+from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
@@ -94,6 +95,21 @@ def _full_vocab_mla_drafter(root: Path) -> dict[str, str]:
 def _dflash(root: Path) -> dict[str, str]:
     return {"model": str(build_dflash_drafter(root / "Qwen3-8B-DFlash-b16").path),
             "verifier": str(build_qwen3_verifier(root / "Qwen3-8B").path)}
+
+
+def _dspark(root: Path) -> dict[str, str]:
+    verifier = build_dspark_verifier(root / "Qwen3-4B").path
+    return {"model": str(build_dspark_drafter(root / "DSpark-Qwen3-4B", verifier).path), "verifier": str(verifier)}
+
+
+def _speculators_dspark(root: Path) -> dict[str, str]:
+    """A speculators DSpark drafter: what dspark_to_speculators writes of DeepSpec's layout."""
+    from ckptxform import api
+
+    deepspec = _dspark(root / "deepspec")
+    drafter = api.apply("dspark_to_speculators", out=root / "Qwen3-4B-speculator.dspark", sources=deepspec,
+                        progress=False).out
+    return {"model": str(drafter), "verifier": deepspec["verifier"]}
 
 
 def _mtp_graft(root: Path) -> dict[str, str]:
@@ -239,6 +255,15 @@ STANDINS: dict[str, RuleStandin] = {
         _dflash, "z-lab DFlash drafter", "speculators DFlash layout (aux ids + 1)",
         "z-lab/Qwen3-8B-DFlash-b16 and the other z-lab DFlash drafters",
         "speculators 0.9's DFlashConverter, tensor for tensor and field for field; speculators loads it"),
+    "dspark_to_speculators": RuleStandin(
+        _dspark, "DeepSpec DSpark drafter (Qwen3DSparkModel)", "speculators DSpark layout (aux ids + 1)",
+        "DeepSpec-trained Qwen3 DSpark drafters (deepseek-ai/DeepSpec's dspark_qwen3 recipes)",
+        "speculators 0.9's DSparkDraftModel loads it strictly; tensors byte for byte; DeepSpec -> speculators -> "
+        "DeepSpec is byte-identical"),
+    "speculators_to_dspark": RuleStandin(
+        _speculators_dspark, "speculators DSpark drafter", "DeepSpec's Qwen3DSparkModel layout (aux ids - 1)",
+        "speculators-trained Qwen3 DSpark drafters (anchor-first blocks)",
+        "DeepSpec -> speculators -> DeepSpec gives back the tensors and config fields"),
     "mtp_graft": RuleStandin(
         _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
         "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",

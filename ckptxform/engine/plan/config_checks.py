@@ -63,6 +63,12 @@ def check_config(config: Mapping[str, Any] | None, outputs: Mapping[str, OutputP
                         "model-parallel shard has a fraction of the model's dimensions)")
 
 
+def config_problems(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> list[str]:
+    """Every disagreement between ``config`` and ``tensors`` (anything with a ``shape``:
+    a checkpoint's headers as well as a plan's outputs), for ``ckptxform preflight``."""
+    return list(_problems(config, tensors))
+
+
 def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
     keys = sorted(outputs)
     for name, pattern, dim in _DIMENSIONS:
