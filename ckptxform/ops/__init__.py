@@ -16,6 +16,7 @@ from typing import Any
 from .affine import Add, Divide, Multiply
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
+from .dequant_gguf import DequantGguf
 from .dequant_mxfp4 import DequantMxfp4
 from .dequant_scaled import DequantScaled
 from .layout import (
@@ -46,6 +47,7 @@ OPS = OpRegistry({op.verb: op for op in (
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
     ConcatShards(),
     DequantScaled(),
+    DequantGguf(),
 )})
 
 

@@ -21,6 +21,7 @@ from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
+from ckptxform.standins.gguf_models import build_llama_gguf
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
@@ -177,6 +178,12 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "gguf_to_hf": RuleStandin(
+        lambda root: _model(build_llama_gguf(root / "Meta-Llama-3.1-8B-Instruct-GGUF" / "model-Q4_K.gguf",
+                                             qtype="Q4_K")),
+        "Llama GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF LlamaForCausalLM float32",
+        "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), one file or a split set",
+        "transformers' from_pretrained(gguf_file=): every tensor bit for bit, on each block format"),
     "llava_to_text": RuleStandin(
         lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
         "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",
