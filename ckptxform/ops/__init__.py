@@ -18,6 +18,7 @@ from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, V
 from .dequant import DequantFp8Block, DequantInt4
 from .dequant_mxfp4 import DequantMxfp4
 from .dequant_scaled import DequantScaled
+from .gguf_quantize import GgufQuantize
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -46,6 +47,7 @@ OPS = OpRegistry({op.verb: op for op in (
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
     ConcatShards(),
     DequantScaled(),
+    GgufQuantize(),
 )})
 
 
