@@ -169,6 +169,7 @@ class _Planner:
         self.alignments: dict[str, Alignment] = {}
         self.vocab_files: dict[str, FilePin] = {}
         self.ties: list[tuple[str, str, str, str]] = []
+        self._references_of: dict[str, References] = {}
 
     # -- entry ---------------------------------------------------------------------------
     def run(self) -> Plan:
@@ -267,11 +268,14 @@ class _Planner:
                 self._record(spec.source, info, "vocab", None, spec.where.short, reason)
 
     def _references(self, source: str) -> References:
-        """How ``${...}`` resolves for a rule about ``source``: ``config`` is its config file."""
-        ckpt = self.ckpts[source]
-        config_file = self.rules.sources[source].config_file
-        return References(self.rules, self.ckpts, self.vocab, ckpt.config(config_file),
-                          f"the {config_file} of source {source!r} ({ckpt.location})")
+        """How ``${...}`` resolves for a rule about ``source``: ``config`` is its config file,
+        read once a plan (it was parsed once a tensor: a quarter of a 20,000-tensor plan)."""
+        if source not in self._references_of:
+            ckpt = self.ckpts[source]
+            config_file = self.rules.sources[source].config_file
+            self._references_of[source] = References(self.rules, self.ckpts, self.vocab, ckpt.config(config_file),
+                                                     f"the {config_file} of source {source!r} ({ckpt.location})")
+        return self._references_of[source]
 
     # -- the converted source (and any other a tensor rule names) --------------------------
     def _plan_matched_source(self, source: str) -> None:

@@ -13,11 +13,13 @@ plans again, so it needs no rule file and imports no planner.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ...errors import OutputError, SourceChangedError
 from ...ops import OPS
@@ -164,16 +166,25 @@ def save_run_plan(job: JobDir, run: RunPlan) -> str:
     """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
     the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
     name = f"plan-{os.uname().nodename}-{os.getpid()}.json"
-    job.write_json(name, {"format": 1, "plan": CODEC.encode(run)})
+    path = job.write_json(name, {"format": 1, "plan": CODEC.encode(run)})
+    # this process's tasks take ``run`` as it is: decoding what was just encoded cost a
+    # sixth of a many-tensor rename (other processes, Ray's and --shard-of's, decode)
+    _LOADED.clear()
+    with contextlib.suppress(OSError):
+        _LOADED[_file_key(path)] = run
     return name
+
+
+def _file_key(path: Path) -> tuple[str, int, int, int, int]:
+    stat = path.stat()
+    return (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def load_run_plan(job: JobDir, name: str) -> RunPlan:
     """The run plan saved as ``name`` in ``job`` (decoded once per process and file)."""
     path = job.path / name
     try:
-        stat = path.stat()
-        key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        key = _file_key(path)
         text = path.read_bytes() if key not in _LOADED else b""
     except OSError as err:
         raise OutputError(f"cannot read the run's plan {str(path)!r}: {err.strerror or err} (the job directory "
