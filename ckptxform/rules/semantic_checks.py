@@ -22,6 +22,10 @@ from .templates import is_index
 # as a group reference; group(1) is a group number, group(2) a ``\g<...>`` name.
 _GROUP_REF = re.compile(r"\\(?:(\d+)|g<([^>]*)>|.)", re.DOTALL)
 
+# ``$1`` / ``${1}``: the group syntax of sed, JavaScript and Perl, which re.expand writes
+# literally: a rename names groups as ``\1`` or ``\g<1>``.
+_DOLLAR_GROUP = re.compile(r"\$(?:(\d+)|\{(\d+)\})")
+
 #: (file, line, col) and the message
 Problem = tuple[tuple[str, int, int], str]
 
@@ -116,6 +120,13 @@ def semantic_problems(m: Merged) -> list[Problem]:
                         and name not in pattern.groupindex:
                     bad_group = True
                     report(node, ("rename",), f"\\g<{name}> names no group of 'match'")
+            dollar = _DOLLAR_GROUP.search(template)
+            if dollar is not None:
+                bad_group = True
+                number = dollar.group(1) or dollar.group(2)
+                report(node, ("rename",), f"{dollar.group(0)!r} is not a group reference in a rename (it would be "
+                       f"written literally into the key); write '\\{number}' for group {number}, e.g. "
+                       f"rename: '{_DOLLAR_GROUP.sub(lambda m: chr(92) + (m.group(1) or m.group(2)), template)}'")
             problem = None if bad_group else _template_problem(pattern, template)
             if problem:
                 report(node, ("rename",), problem)
