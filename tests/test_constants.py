@@ -143,7 +143,8 @@ def test_output_dtype_casts_a_float_constant_as_every_float_tensor(tmp_path: Pat
 
 def test_a_dtype_given_by_an_expression(tmp_path: Path) -> None:
     write_source(tmp_path / "src")
-    got = read_output(apply(tmp_path, rule_file(tmp_path, "c: {fill: 1, shape: [2], dtype: '${config.torch_dtype}'}\n")))
+    rule = rule_file(tmp_path, "c: {fill: 1, shape: [2], dtype: '${config.torch_dtype}'}\n")
+    got = read_output(apply(tmp_path, rule))
     assert got["c"].dtype == torch.float16
 
 
