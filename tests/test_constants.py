@@ -24,7 +24,9 @@ from safetensors.torch import save_file
 from ckptxform import api
 from ckptxform.engine.plan.recipes import CHUNK_BYTES, Constant
 from ckptxform.engine.output.verify import verify
-from ckptxform.engine.run.shard_plan import CODEC
+from ckptxform.engine.run.execute import layout_of
+from ckptxform.engine.run.shard_plan import CODEC, slice_plan
+from ckptxform.engine.run.tasks import first_etags
 from ckptxform.errors import OutputError, PlanError, RequirementError, RuleError
 from ckptxform.rules.loader import load_rules
 
@@ -216,3 +218,21 @@ def test_a_large_constant_streams_in_bounded_chunks() -> None:
         sizes.append(len(chunk))
         assert chunk[:4] == b"\x80\x3f\x80\x3f"
     assert max(sizes) <= CHUNK_BYTES and sum(sizes) == 2 * count
+
+
+def test_a_run_in_worker_processes_writes_the_same_constants(tmp_path: Path) -> None:
+    """--jobs 2 over several output shards: each worker decodes its slice of the run plan
+    (constants included) from the job directory's JSON."""
+    write_source(tmp_path / "src")
+    rule = rule_file(tmp_path, BIAS, extra="output: {max_shard_size: 100B}\n")
+    plan, opened = api.plan_open(rule, sources={"model": str(tmp_path / "src")})
+    with opened:
+        layout = layout_of(plan, opened)
+        run = slice_plan(plan, opened, list(layout.shards), first_etags(opened))
+    assert CODEC.decode(json.loads(json.dumps(CODEC.encode(run))), "plan.json") == run
+    one = api.apply(rule, out=tmp_path / "one", sources={"model": str(tmp_path / "src")}, progress=False, jobs=1)
+    two = api.apply(rule, out=tmp_path / "two", sources={"model": str(tmp_path / "src")}, progress=False, jobs=2)
+    assert len(list(two.out.glob("*.safetensors"))) > 2
+    ones, twos = read_output(one.out), read_output(two.out)
+    assert sorted(ones) == sorted(twos) and all(same_bits(ones[k], twos[k]) for k in ones)
+    assert json.loads((two.out / "ckptxform_audit.jsonl").read_text().splitlines()[-1])["jobs"]["workers"] == 2
