@@ -189,6 +189,8 @@ def test_a_bad_entry_is_refused_by_the_loader_at_its_line(tmp_path: Path, add: s
     ("b: {fill: 0, shape: ['${config.hidden_size - 9}'], dtype: float32}\n", r"shape\[0\]: .* is -2; a dimension"),
     ("b: {fill: 0, shape: ['${config.absent}'], dtype: float32}\n", r"has no field 'absent'"),
     ("model.norm.weight: {fill: 1, shape: [7], dtype: bfloat16}\n", r"both write output key 'model.norm.weight'"),
+    ("b: {fill: 0, shape: [1000000000000, 1000000000], dtype: float32}\n",
+     r"shape \[1000000000000, 1000000000\] of float32 is 4,000,000,000,000,000,000,000 bytes, more than a file"),
 ])
 def test_a_bad_entry_is_refused_at_plan_time_naming_its_line(tmp_path: Path, add: str, message: str) -> None:
     write_source(tmp_path / "src")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from math import prod
 
-from ...dtypes import USER_DTYPES, int_range, is_float
+from ...dtypes import USER_DTYPES, int_range, is_float, nbytes
 from ...errors import PlanError
 from ...rules.model import AddEntry
 from ...rules.templates import expand_from, natural_key
@@ -23,6 +23,8 @@ from .recipes import Constant, OutputPlan
 from .references import References
 
 _NAMES = {v: k for k, v in USER_DTYPES.items()}
+#: a file offset is a signed 64-bit integer
+_MAX_FILE_BYTES = 2**63
 
 
 def plan_constant(entry: AddEntry, outputs: Mapping[str, OutputPlan], refs: References,
@@ -38,6 +40,9 @@ def plan_constant(entry: AddEntry, outputs: Mapping[str, OutputPlan], refs: Refe
         bound = replace(refs, binding=binding)
         shape = tuple(_dim(bound, dim, f"{where}: shape[{i}]") for i, dim in enumerate(entry.shape))
         dtype = out_dtype(_dtype(entry, bound, beside, where))
+        if nbytes(dtype, shape) >= _MAX_FILE_BYTES:
+            raise PlanError(f"{where}: shape {list(shape)} of {_NAMES.get(dtype, dtype)} is {nbytes(dtype, shape):,} "
+                            "bytes, more than a file can hold; check the shape's expressions")
         value = bound.number(entry.fill, f"{where}: fill")
         element = fill_element(value, dtype, f"{where}: fill")
         made.append(OutputPlan(key, dtype, shape, Constant(element.hex(), prod(shape), value), dtype,
