@@ -277,6 +277,16 @@ def rules_text(shipped: tuple[ShippedRule, ...]) -> str:
     return "\n".join(lines)
 
 
+def fits_text(location: str, fits: list[Any]) -> str:
+    """``ckptxform rules --for SOURCE``: the rules that plan on it, then the others and why."""
+    planning = [f for f in fits if f.plans]
+    lines = [f"rules that plan on {location}:" if planning else f"no shipped rule plans on {location}"]
+    lines += [terminal_line(f"  {f.name}  ({f.reason})") for f in planning]
+    lines.append("\nthe others:")
+    lines += [terminal_line(f"  {f.name}: {f.reason}") for f in fits if not f.plans]
+    return "\n".join(lines)
+
+
 def demo_text(d: DemoResult) -> str:
     """``ckptxform demo``: the stand-ins, then each command it ran with its output."""
     overrides = " ".join(f"--source {shlex.quote(f'{n}={loc}')}" for n, loc in d.sources.items())

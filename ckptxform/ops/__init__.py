@@ -19,6 +19,7 @@ from .dequant import DequantFp8Block, DequantInt4
 from .dequant_gguf import DequantGguf
 from .dequant_mxfp4 import DequantMxfp4
 from .dequant_scaled import DequantScaled
+from .gguf_quantize import GgufQuantize
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -48,6 +49,7 @@ OPS = OpRegistry({op.verb: op for op in (
     ConcatShards(),
     DequantScaled(),
     DequantGguf(),
+    GgufQuantize(),
 )})
 
 

@@ -38,6 +38,7 @@ from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
+from ckptxform.standins.spm_llama import build_spm_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 from ckptxform.standins.vlm import build_llava
 
@@ -170,6 +171,11 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_gpt2(root / "gpt2")), "GPT-2 Conv1D [in, out], fused c_attn",
         "nn.Linear [out, in], q/k/v_proj", "openai-community/gpt2 and GPT2LMHeadModel saves",
         "transformers' GPT-2 forward on Linear layers: same logits"),
+    **{f"hf_to_gguf_{t}": RuleStandin(
+        lambda root: _model(build_spm_llama(root / "TinyLlama-1.1B-Chat-v1.0")), "HF LlamaForCausalLM + tokenizer.model",
+        f"one llama.cpp GGUF file, {t.upper()}", "TinyLlama, Llama 2, Mistral 7B v0.1 (SentencePiece tokenizers)",
+        f"llama.cpp's convert_hf_to_gguf.py --outtype {t}: same tensor bytes and metadata key/values; "
+        "GGUFReader reads it") for t in ("f16", "bf16", "q8_0")},
     "hf_llama_to_meta": RuleStandin(
         lambda root: _model(build_llama(root / "Llama-3.1-8B-Instruct")), "HF LlamaForCausalLM",
         "Meta consolidated.safetensors + params.json", "meta-llama/Llama-3.x, Mistral-7B",
