@@ -374,6 +374,12 @@ class _Planner:
     def lend(self, source: str, info: TensorInfo, where: str, reason: str) -> None:
         self._record(source, info, "rows", None, where, reason)
 
+    def has_tensor(self, source: str, key: str, why: str) -> bool:
+        if source not in self.ckpts:
+            raise PlanError(f"{why}: no source named {source!r} is open (declared: {', '.join(self.rules.sources)}); "
+                            "name a source of the rule file's sources", source=source)
+        return key in self.ckpts[source].tensors
+
     def _check_ties(self) -> None:
         for source, key, target, label in self.ties:
             problem = tie_problem(source, self.ckpts[source].tensors[key], target, self.outputs.get(target))
