@@ -23,6 +23,7 @@ from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_d
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
+    LM_TINY as LLAMA_DIMS_FOR_LORA,
     LmDims,
     build_gemma,
     build_gpt2,
@@ -31,6 +32,7 @@ from ckptxform.standins.hf_models import (
     build_moe,
     build_phi3,
 )
+from ckptxform.standins.lora import build_lora_adapter
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
@@ -116,6 +118,15 @@ def _model(path: Path | str) -> dict[str, str]:
     return {"model": str(path)}
 
 
+def _lora(root: Path) -> dict[str, str]:
+    """A Llama base and an rsLoRA adapter with a rank pattern, an alpha pattern and modules_to_save."""
+    base = build_llama(root / "Llama-3.1-8B-Instruct")
+    adapter = build_lora_adapter(root / "lora-adapter", LLAMA_DIMS_FOR_LORA, r=4, alpha=16, use_rslora=True,
+                                 rank_pattern={"layers.1.self_attn.q_proj": 6}, alpha_pattern={"down_proj": 3},
+                                 modules_to_save=("lm_head",))
+    return {"base": str(base), "adapter": str(adapter)}
+
+
 _DRAFTER_CHECKS = "the key set SGLang's llama_eagle3 loader places; speculators 0.9 loads it (tests/test_consumers.py)"
 _STRUCTURAL_CHECKS = "transformers 5.x: loads it strictly, same bytes as its own save, same logits"
 _QUANTIZE_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
@@ -161,6 +172,11 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "peft_lora_merge": RuleStandin(
+        _lora, "HF model + PEFT LoRA adapter folder (plain or rsLoRA, rank/alpha patterns, modules_to_save)",
+        "the merged model (W + B @ A * scale, in float32, rounded once)", "any LoRA adapter of a Llama/Qwen/Mistral "
+        "base (peft 0.18 save_pretrained)", "peft 0.18's merge_and_unload() + save_pretrained, bit for bit (bf16 and "
+        "float32 bases); transformers loads it strictly"),
     "llava_to_text": RuleStandin(
         lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
         "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",
