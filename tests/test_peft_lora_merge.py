@@ -4,7 +4,8 @@ merged into its base by ``combine``.
 Reference (peft 0.18, transformers): a tiny random Llama (hidden 42, GQA 6/2 heads, head_dim
 10, not hidden // heads) saved in bfloat16 or float32; peft's get_peft_model with nonzero
 LoRA factors (plain and rsLoRA, a rank pattern and an alpha pattern, lm_head in
-modules_to_save with weights of its own) saves the adapter; our rule's output is byte for
+modules_to_save with weights of its own) saves the adapter (its factors also rewritten in
+bf16 or fp16, for fp16 and bf16 bases: peft widens them on loading); our rule's output is byte for
 byte what peft's merge_and_unload() + save_pretrained writes, and LlamaForCausalLM loads it
 strictly. Without the reference extra: the adapter source's key mapping and scales, and the
 refusals (DoRA, another peft_type, a LoRA pair the base has no module for, fan_in_fan_out).
@@ -107,8 +108,10 @@ def test_a_lora_pair_the_base_has_no_module_for_is_an_error_not_a_silent_drop(tm
 # ------------------------------------------------------------------ against peft
 
 
-def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool) -> tuple[Path, Path, Path]:
-    """base/, adapter/ (peft's save_pretrained) and merged/ (peft's merge_and_unload + save)."""
+def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool,
+               factors: str | None = None) -> tuple[Path, Path, Path]:
+    """base/, adapter/ (peft's save_pretrained; its factors rewritten in ``factors`` when
+    given) and merged/ (peft's merge_and_unload + save)."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -131,6 +134,12 @@ def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool) -> tuple[Pa
             if "modules_to_save" in name:
                 param.normal_(0, 0.02)
     model.save_pretrained(root / "adapter")
+    if factors is not None:  # an adapter saved in 16 bits (trained so, or converted)
+        from safetensors.torch import load_file, save_file
+
+        saved = load_file(str(root / "adapter" / "adapter_model.safetensors"))
+        save_file({k: v.to(getattr(torch, factors)) if ".lora_" in k else v for k, v in saved.items()},
+                  str(root / "adapter" / "adapter_model.safetensors"))
     base = LlamaForCausalLM.from_pretrained(root / "base", dtype=torch_dtype)
     PeftModel.from_pretrained(base, root / "adapter").merge_and_unload().save_pretrained(root / "merged")
     return root / "base", root / "adapter", root / "merged"
@@ -138,14 +147,16 @@ def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool) -> tuple[Pa
 
 @pytest.mark.reference
 @needs_peft
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(("dtype", "factors"), [("bfloat16", None), ("float32", None), ("float16", "bfloat16"),
+                                                ("bfloat16", "float16")])
 @pytest.mark.parametrize(("rslora", "patterns"), [(False, False), (True, True), (False, True)])
-def test_the_merge_is_peft_s_byte_for_byte(tmp_path: Path, dtype: str, rslora: bool, patterns: bool) -> None:
+def test_the_merge_is_peft_s_byte_for_byte(tmp_path: Path, dtype: str, factors: str | None, rslora: bool,
+                                           patterns: bool) -> None:
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
-    base, adapter, merged = _peft_case(tmp_path, dtype, rslora, patterns)
+    base, adapter, merged = _peft_case(tmp_path, dtype, rslora, patterns, factors)
     result = api.apply(RULE, out=tmp_path / "out", sources={"base": str(base), "adapter": str(adapter)},
                        progress=False)
     want = load_file(str(merged / "model.safetensors"))
@@ -161,3 +172,20 @@ def test_the_merge_is_peft_s_byte_for_byte(tmp_path: Path, dtype: str, rslora: b
     assert changed == 14 + (1 if patterns else 0)  # 7 modules x 2 layers (+ lm_head)
     _, info = LlamaForCausalLM.from_pretrained(result.out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+
+
+def test_an_adapter_model_bin_merges_as_its_safetensors_does(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    base, adapter = _standins(tmp_path, modules_to_save=("lm_head",))
+    first = api.apply(RULE, out=tmp_path / "from-safetensors", progress=False,
+                      sources={"base": str(base), "adapter": str(adapter)})
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    # older peft saves: pytorch pickles, and the adapter name inside the key
+    torch.save({k.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): v
+                for k, v in saved.items()}, adapter / "adapter_model.bin")
+    (adapter / "adapter_model.safetensors").unlink()
+    second = api.apply(RULE, out=tmp_path / "from-bin", progress=False,
+                       sources={"base": str(base), "adapter": str(adapter)})
+    assert (first.out / "model.safetensors").read_bytes() == (second.out / "model.safetensors").read_bytes()
