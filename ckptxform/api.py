@@ -93,7 +93,7 @@ def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str
     share the source and output paths. ``shard_of=(rank, world)`` writes only the
     shards of that rank and leaves ``out`` to ``finalize``. Workers never plan: each
     task carries its slice of this plan.
-    The plan's warnings (a rule that matched no tensor) are logged; ``strict=True`` makes
+    The plan's warnings (a quantize op's doubtful pattern, say) are logged; ``strict=True`` makes
     the first of them a ``PlanError`` before anything is written.
 
     >>> result = apply("rules/aqmedai_k2_to_k25.yaml", out="k25-drafter",

@@ -124,6 +124,15 @@ class PlanError(CkptxformError, ValueError):
     """The rules cannot be applied to these sources (unmatched tensor, shape mismatch...)."""
 
 
+class UnmatchedRuleError(PlanError):
+    """The rule file does not fit the checkpoint: a tensor rule matches no tensor of it, or
+    a tensor of it matches no rule. ``location``: the checkpoint; ``summary``: the problem
+    in a few words (``ckptxform rules --for`` lists it as the reason)."""
+
+    location: str | None = None
+    summary: str | None = None
+
+
 class QuantizationConfigError(PlanError):
     """A source's ``quantization_config`` is missing, unsupported or does not describe its tensors."""
 

@@ -104,7 +104,7 @@ def _write(case: dict[str, Any], root: Path) -> Path:
     rule.write_text("\n".join([
         "version: 1", "name: t", "sources:", "  model: {path: model}", "  other: {path: other}", "convert: model",
         "tensors:", "  - key: '{N}.x'", "    ops:", f"      - combine: {json.dumps(args)}",
-        "  - match: 'm\\.I\\d+'", "    skip: read by combine", ""]))
+        "  - match: 'm\\.I\\d+'", "    skip: read by combine", "    optional: true", ""]))
     return rule
 
 
@@ -142,7 +142,7 @@ def _plan_error(tmp_path: Path, args: dict[str, Any], extra: dict[str, torch.Ten
     rule = root / "rule.yaml"
     rule.write_text("\n".join(["version: 1", "name: t", "sources:", "  model: {path: model}", "convert: model",
                                "tensors:", "  - key: '{N}.x'", "    ops:", f"      - combine: {json.dumps(args)}",
-                               "  - match: 'm\\.[A-Z]\\w*'", "    skip: read by combine", ""]))
+                               "  - match: 'm\\.[A-Z]\\w*'", "    skip: read by combine", "    optional: true", ""]))
     with pytest.raises(CkptxformError) as failure:
         api.plan(rule)
     message = str(failure.value)

@@ -171,3 +171,42 @@ def test_dflash_draft_model_from_pretrained_loads_ours(dflash_case: tuple[Path, 
     verifier_tensors = read_output(verifier)
     assert same_bits(state["embed_tokens.weight"], verifier_tensors["model.embed_tokens.weight"])
     assert same_bits(state["lm_head.weight"], verifier_tensors["lm_head.weight"])
+
+
+# -- DSpark (issue 39) ---------------------------------------------------------------------
+# speculators 0.9.0 ships DSparkDraftModel (models/dspark) but no DSpark converter (the one in
+# its pull request #737 came later): the reference here is its model loading our output
+# strictly, holding every tensor as written and taking embed_tokens/lm_head from the verifier.
+
+@pytest.mark.parametrize("variant", ["vanilla", "gated", "bare"])
+def test_dspark_draft_model_loads_ours_strictly(variant: str, tmp_path: Path) -> None:
+    from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
+    from test_dspark_rules import BARE, GATED
+
+    from ckptxform.standins.dspark import QWEN3_DSPARK_TINY, build_dspark_drafter, build_dspark_verifier
+
+    dims = {"vanilla": QWEN3_DSPARK_TINY, "gated": GATED, "bare": BARE}[variant]
+    verifier = build_dspark_verifier(tmp_path / "Qwen3-4B", dims, seed=21).path
+    deepspec = build_dspark_drafter(tmp_path / "DSpark", verifier, dims, seed=22).path
+    ours = api.apply(RULES / "dspark_to_speculators.yaml", out=tmp_path / "ours",
+                     sources={"model": str(deepspec), "verifier": str(verifier)}, progress=False).out
+    config = DSparkSpeculatorConfig.from_pretrained(ours)
+    config.speculators_config.verifier.name_or_path = str(verifier)
+    # transformers' report: nothing missing (but what its model takes from the verifier), nothing unexpected
+    _, info = DSparkDraftModel.from_pretrained(ours, config=config, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    # (with output_loading_info speculators skips its verifier step, so load again for the values)
+    model = DSparkDraftModel.from_pretrained(ours, config=config)
+    state, written = model.state_dict(), read_output(ours)
+    wrong = [k for k, v in written.items() if not same_bits(state[k], v)]
+    assert not wrong, f"speculators holds other values (or dtypes) for {wrong}"
+    # every parameter it has is ours or the verifier's
+    verifier_tensors = read_output(verifier)
+    assert set(state) - set(written) <= {"embed_tokens.weight", "lm_head.weight", "verifier_lm_head.weight",
+                                         "verifier_norm.weight"}
+    assert same_bits(state["embed_tokens.weight"], verifier_tensors["model.embed_tokens.weight"])
+    assert same_bits(state["lm_head.weight"], verifier_tensors["lm_head.weight"])
+    assert (model.markov_head is None) == (dims.markov_rank == 0)
+    assert (model.confidence_head is None) == (not dims.confidence_head)
+    assert model.config.sample_from_anchor is True and model.config.aux_hidden_state_layer_ids == [
+        i + 1 for i in dims.target_layer_ids]

@@ -283,7 +283,8 @@ def test_hostile_tensor_name_is_quoted_on_one_line(case: Case) -> None:
     make_source(case.root / "m", {"w": torch.ones(2), "evil\x1b[31m\nline\x00": torch.ones(1)})
     case.fails("plan", simple_rule(case), code=1, line=(
         "error: r.yaml: 1 tensor of source 'm' match no rule: 'evil\\x1b[31m\\nline\\x00'; add a rule for "
-        "each (or a 'skip' with its reason), or set require.strict: false"))
+        "each (or a 'skip' with its reason), or set require.strict: false; no shipped rule plans on it "
+        "(ckptxform rules --for m)"))
     proc = case.run_cli("inspect", "m", cwd=case.root)
     assert proc.returncode == 0 and "\x1b" not in proc.stdout and "\x00" not in proc.stdout
     assert "  'evil\\x1b[31m\\nline\\x00'  F32   [1]              model.safetensors" in proc.stdout.splitlines()

@@ -162,7 +162,7 @@ VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxf
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
-                    "mtp_graft.yaml")
+                    "mtp_graft.yaml", "dspark_to_speculators.yaml", "speculators_to_dspark.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -182,6 +182,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
     "mtp_extract.yaml": lambda root: _qwen3_next(root),
     "dflash_to_speculators.yaml": lambda root: _dflash(root),
+    "dspark_to_speculators.yaml": lambda root: _dspark(root),
+    "speculators_to_dspark.yaml": lambda root: _speculators_dspark(root),
     "mtp_graft.yaml": lambda root: _mtp_graft(root),
     "deepseek_nextn_extract.yaml": lambda root: _deepseek_v3(root),
 }
@@ -215,6 +217,21 @@ def _dflash(root: Path) -> Scenario:
     drafter = build_dflash_drafter(root / "Qwen3-8B-DFlash-b16", seed=15)
     verifier = build_qwen3_verifier(root / "Qwen3-8B", seed=16)
     return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
+
+
+def _dspark(root: Path) -> Scenario:
+    from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
+
+    verifier = build_dspark_verifier(root / "Qwen3-4B", seed=18)
+    drafter = build_dspark_drafter(root / "DSpark-Qwen3-4B", verifier.path, seed=19)
+    return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
+
+
+def _speculators_dspark(root: Path) -> Scenario:
+    from ckptxform.standins.for_rules import STANDINS as RULE_STANDINS
+
+    sources = RULE_STANDINS["speculators_to_dspark"].build(root)
+    return Scenario(sources, frozenset(read_output(Path(sources["model"]))), "model")
 
 
 @dataclass(frozen=True)
@@ -301,7 +318,7 @@ def test_rule_runs_without_warnings(name: str, runs: dict[str, Run]) -> None:
     assert runs[name].result.plan.warnings == ()
 
 
-def test_a_rule_that_matches_no_key_at_all_is_warned_about(tmp_path: Path) -> None:
+def test_a_rule_that_matches_no_key_at_all_is_refused(tmp_path: Path) -> None:
     rule = tmp_path / "typo.yaml"
     rule.write_text(
         "version: 1\nsources: {d: {path: unused}}\nconvert: d\ntensors:\n"
@@ -311,9 +328,8 @@ def test_a_rule_that_matches_no_key_at_all_is_warned_about(tmp_path: Path) -> No
 
     ids = make_draft_vocab(KIMI_K2_TINY.vocab, KIMI_K2_TINY.draft_vocab, seed=0)
     build_eagle3_drafter(tmp_path / "d", KIMI_K2_TINY, ids)
-    plan = ckptxform.plan(rule, sources={"d": str(tmp_path / "d")})
-    plan.close()
-    assert plan.warnings == (f"tensors[1] ({rule}:7): match 'lm_haed\\.weight' matched no tensor of 'd'",)
+    with pytest.raises(PlanError, match=re.escape(f"tensors[1] ({rule}:7) match 'lm_haed")):
+        ckptxform.plan(rule, sources={"d": str(tmp_path / "d")})
 
 
 @pytest.mark.parametrize("name", DRAFTER_RULES)

@@ -187,15 +187,28 @@ class _RulesGroup(click.Group):
 
 @main.group(name="rules", cls=_RulesGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, default=_json_before_subcommand, help="Print as JSON.")
+@click.option("--for", "for_source", default=None, metavar="SOURCE",
+              help="Plan every shipped rule against this checkpoint (local or ORG/NAME[@REV]; headers only) "
+                   "and list those that plan first, then the others with the reason.")
 @click.pass_context
 @reports_errors
-def list_rules(ctx: click.Context, as_json: bool) -> None:
+def list_rules(ctx: click.Context, as_json: bool, for_source: str | None) -> None:
     """List the shipped rule library: each rule's name, description and default sources;
-    `rules show NAME` prints one rule's file, sources and what it was checked against."""
+    `rules show NAME` prints one rule's file, sources and what it was checked against;
+    `rules --for SOURCE` which rules fit a checkpoint."""
     from . import report
     from ..rules.catalogue import shipped_rules
 
     if ctx.invoked_subcommand is not None:
+        return
+    if for_source is not None:
+        from ..engine.plan.fit import fitting_rules
+
+        fits = fitting_rules(for_source)
+        if as_json:
+            click.echo(json.dumps([f.to_dict() for f in fits], indent=2))
+        else:
+            click.echo(report.fits_text(for_source, fits))
         return
     shipped = shipped_rules()
     if as_json:
@@ -240,7 +253,8 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
     from .. import api
     from . import report
 
-    with api.plan(rules, sources=_parse_overrides(sources), require_pinned=require_pinned) as the_plan:
+    with _naming_fitting_rules(lambda: api.plan(rules, sources=_parse_overrides(sources),
+                                                require_pinned=require_pinned)) as the_plan:
         click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json
                    else report.plan_text(the_plan, verbose=_verbose()))
 
@@ -267,7 +281,7 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 @click.option("--shard-of", default=None, metavar="RANK/WORLD",
               help="Write only the shards of this rank (index modulo WORLD) for any launcher; then "
                    "'ckptxform finalize'.")
-@click.option("--strict", is_flag=True, help="Fail (exit 1) on a warning of the plan, e.g. a rule that matched no tensor.")
+@click.option("--strict", is_flag=True, help="Fail (exit 1) on a warning of the plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
@@ -280,8 +294,26 @@ def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, 
                          progress=False if _quiet() else None, digest=digest, jobs=jobs, resume=not no_resume,
                          executor=executor, ray_address=ray_address, shard_of=_parse_shard_of(shard_of),
                          strict=strict)
-    result = api.apply(rules, out=out, sources=_parse_overrides(sources), options=options)
+    result = _naming_fitting_rules(lambda: api.apply(rules, out=out, sources=_parse_overrides(sources),
+                                                     options=options))
     _print_result(result, as_json)
+
+
+def _naming_fitting_rules(call: Callable[[], Any]) -> Any:
+    """``call()``; when the rule does not fit the checkpoint, its error also names the shipped
+    rules that plan on it (what ``ckptxform rules --for`` lists)."""
+    from ..errors import UnmatchedRuleError
+
+    try:
+        return call()
+    except UnmatchedRuleError as err:
+        if err.location is not None:
+            from ..engine.plan.fit import fitting_rules
+
+            fits = [f.name for f in fitting_rules(err.location) if f.plans]
+            err.message += (f"; shipped rules that plan on it: {', '.join(fits)}" if fits
+                            else "; no shipped rule plans on it") + f" (ckptxform rules --for {err.location})"
+        raise
 
 
 def _parse_shard_of(value: str | None) -> tuple[int, int] | None:
@@ -345,6 +377,31 @@ def vocab_diff(location_a: str, location_b: str, encoding: str, as_json: bool) -
 
     result = compare(location_a, location_b, encoding=encoding)  # type: ignore[arg-type]
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
+
+
+@main.command()
+@click.argument("location")
+@click.option("--verifier", "verifier", default=None, metavar="SOURCE",
+              help="The verifier the drafter is for (local or Hub): its config and headers only.")
+@click.option("--for", "consumers", default=None, metavar="CONSUMERS",
+              help="Comma-separated: speculators,vllm,sglang,llama.cpp,transformers (default: those that load "
+                   "the drafter's layout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON (a list per consumer).")
+@reports_errors
+def preflight(location: str, verifier: str | None, consumers: str | None, as_json: bool) -> None:
+    """Say, for each consumer, what it would load silently wrong from the drafter at LOCATION
+    (vocabulary maps, widths, verifier layer ids, flags whose defaults differ); exit 1 when a
+    consumer is at risk. Reads headers, configs and the small d2t/t2d tensors only."""
+    from ..errors import SourceNotFoundError
+    from ..vocab.preflight import preflight as check
+
+    try:
+        report = check(location, verifier=verifier, consumers=consumers)
+    except SourceNotFoundError as err:  # exit 1 means "a consumer is at risk": a wrong path is usage
+        raise UsageError(str(err), path=err.path, source=err.source) from err
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+    if report.exit_code:
+        sys.exit(report.exit_code)
 
 
 @main.command()

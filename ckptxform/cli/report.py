@@ -189,11 +189,26 @@ def inspect_json(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = No
         "commit": ckpt.commit,
         "files": list(ckpt.files),
         "total_bytes": sum(t.nbytes for t in ckpt.tensors.values()),
-        "tensors": [{"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "file": t.file, "bytes": t.nbytes}
-                    for t in ckpt.tensors.values()],
+        "tensors": [{"key": t.key, "shape": list(t.shape), "dtype": t.dtype, "file": t.file, "bytes": t.nbytes,
+                     **_gguf_tensor(ckpt, t.key)} for t in ckpt.tensors.values()],
         "not_weights": [{"key": u.key, "shape": list(u.shape), "dtype": u.dtype, "reason": u.reason}
                         for u in ckpt.unread],
+        **({"gguf_metadata": {k: _short_value(v) for k, v in ckpt.gguf_metadata.items()}}
+           if hasattr(ckpt, "gguf_metadata") else {}),
     }
+
+
+def _gguf_tensor(ckpt: Any, key: str) -> dict[str, Any]:
+    """A GGUF tensor's block format and the shape of its values (its stored shape is bytes)."""
+    kinds = getattr(ckpt, "ggml_types", None)
+    return {} if kinds is None else {"ggml_type": kinds[key], "values_shape": list(ckpt.logical_shapes[key])}
+
+
+def _short_value(value: Any) -> Any:
+    """A GGUF metadata value as inspect lists it: an array of more than 8 items as its size and first items."""
+    if isinstance(value, list) and len(value) > 8:
+        return {"items": len(value), "first": value[:4]}
+    return value
 
 
 def inspect_text(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = None) -> str:
@@ -202,9 +217,10 @@ def inspect_text(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = No
              + (f": {kind.label}" + (f" ({kind.detail})" if kind.detail else "") if kind else "")]
     key_w = max((len(printable(t["key"])) for t in data["tensors"]), default=3)
     dtype_w = max([5, *(len(t["dtype"]) for t in data["tensors"])])
-    for t in data["tensors"]:
-        lines.append(f"  {printable(t['key']):<{key_w}}  {t['dtype']:<{dtype_w}} {str(t['shape']):<16} "
-                     f"{printable(t['file'])}")
+    dtype_w = max([dtype_w, *(len(t.get("ggml_type", "")) for t in data["tensors"])])
+    for t in data["tensors"]:  # a GGUF tensor: its block format and the shape of its values
+        lines.append(f"  {printable(t['key']):<{key_w}}  {t.get('ggml_type', t['dtype']):<{dtype_w}} "
+                     f"{str(t.get('values_shape', t['shape'])):<16} {printable(t['file'])}")
     lines.append(f"{len(data['tensors'])} tensors in {len(data['files'])} file(s), {data['total_bytes']:,} bytes "
                  f"({_human_bytes(data['total_bytes'])})")
     if data["not_weights"]:  # a trainer's optimizer state, scheduler, dataloader...: counted by entry
@@ -215,6 +231,9 @@ def inspect_text(ckpt: Checkpoint | DcpListing, kind: CheckpointKind | None = No
             heads[head] = heads.get(head, 0) + 1
         lines.append(f"not weights, never read ({len(data['not_weights'])}): "
                      + ", ".join(f"{printable(h)} ({n})" for h, n in heads.items()))
+    if "gguf_metadata" in data:
+        lines.append(f"GGUF metadata ({len(data['gguf_metadata'])} keys):")
+        lines += [f"  {printable(k)} = {printable(repr(v))[:160]}" for k, v in data["gguf_metadata"].items()]
     return _screen(lines)
 
 
@@ -255,6 +274,16 @@ def rules_text(shipped: tuple[ShippedRule, ...]) -> str:
     lines.append(f"\n{len(shipped)} rules in {shipped[0].path.parent if shipped else '(none)'}; "
                  "give a stem or name where a command takes RULES, e.g. ckptxform plan aqmedai_k2_to_k25; "
                  "ckptxform rules show NAME for one")
+    return "\n".join(lines)
+
+
+def fits_text(location: str, fits: list[Any]) -> str:
+    """``ckptxform rules --for SOURCE``: the rules that plan on it, then the others and why."""
+    planning = [f for f in fits if f.plans]
+    lines = [f"rules that plan on {location}:" if planning else f"no shipped rule plans on {location}"]
+    lines += [terminal_line(f"  {f.name}  ({f.reason})") for f in planning]
+    lines.append("\nthe others:")
+    lines += [terminal_line(f"  {f.name}: {f.reason}") for f in fits if not f.plans]
     return "\n".join(lines)
 
 

@@ -17,8 +17,10 @@ from .affine import Add, Divide, Multiply
 from .combine import Combine
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
+from .dequant_gguf import DequantGguf
 from .dequant_mxfp4 import DequantMxfp4
 from .dequant_scaled import DequantScaled
+from .gguf_quantize import GgufQuantize
 from .layout import (
     Concat,
     QkvDeinterleave,
@@ -48,6 +50,8 @@ OPS = OpRegistry({op.verb: op for op in (
     ConcatShards(),
     DequantScaled(),
     Combine(),
+    DequantGguf(),
+    GgufQuantize(),
 )})
 
 

@@ -56,6 +56,14 @@ class KeyPattern:
     def flags(self) -> int:
         return self._re.flags
 
+    def prefix_match(self, key: str) -> bool:
+        """Whether the pattern matches the start of ``key`` (what ``re.match`` would take,
+        and ``fullmatch`` does not): said to a user who wrote ``match: 'model.layers.0'``."""
+        try:
+            return self._bounded.match(key, timeout=MATCH_TIMEOUT_S) is not None
+        except TimeoutError:
+            return False  # fullmatch of the same key reports the pattern
+
     def fullmatch(self, key: str) -> Any:
         """The match of the whole of ``key`` (``expand``, ``group`` as ``re``'s), or None."""
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from .library import locate_rules
 from .model import (
     AddEntry,
     ConfigSpec,
+    GgufSpec,
     LoadedPattern,
     MinRows,
     OutputSpec,
@@ -159,7 +161,11 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
     output = OutputSpec(
         max_shard_size=parse_size(out["max_shard_size"]) if "max_shard_size" in out else None,
         dtype=out.get("dtype"), file_name=out.get("file_name", "model.safetensors"),
-        config_file=out.get("config_file", "config.json"), shards_like=(out.get("shards") or {}).get("like"))
+        config_file=out.get("config_file", "config.json"), shards_like=(out.get("shards") or {}).get("like"),
+        format=out.get("format", "safetensors"),
+        gguf=GgufSpec(**out["gguf"]) if "gguf" in out else None)
+    if output.format == "gguf" and "file_name" not in out:
+        output = replace(output, file_name="model.gguf")
     convert = m.scalars["convert"].value if "convert" in m.scalars else (
         next(iter(sources)) if len(sources) == 1 else None)
     name = m.scalars["name"].value if "name" in m.scalars else Path(label).stem

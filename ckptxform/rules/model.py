@@ -197,6 +197,15 @@ class ConfigSpec:
 
 
 @dataclass(frozen=True)
+class GgufSpec:
+    """``output.gguf``: whose metadata a GGUF output carries (engine/output/gguf)."""
+
+    architecture: str
+    file_type: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
 class OutputSpec:
     max_shard_size: int | None = None
     dtype: str | None = None
@@ -205,6 +214,9 @@ class OutputSpec:
     #: ``shards: {like: SOURCE}``: the output's files are that source's (names, which tensor
     #: goes in which, their order), not packed afresh by max_shard_size
     shards_like: str | None = None
+    #: ``safetensors`` or ``gguf`` (one llama.cpp file, metadata as ``gguf`` says)
+    format: str = "safetensors"
+    gguf: GgufSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,10 @@ from .templates import is_index
 # as a group reference; group(1) is a group number, group(2) a ``\g<...>`` name.
 _GROUP_REF = re.compile(r"\\(?:(\d+)|g<([^>]*)>|.)", re.DOTALL)
 
+# ``$1`` / ``${1}``: the group syntax of sed, JavaScript and Perl, which re.expand writes
+# literally: a rename names groups as ``\1`` or ``\g<1>``.
+_DOLLAR_GROUP = re.compile(r"\$(?:(\d+)|\{(\d+)\})")
+
 #: (file, line, col) and the message
 Problem = tuple[tuple[str, int, int], str]
 
@@ -116,6 +120,13 @@ def semantic_problems(m: Merged) -> list[Problem]:
                         and name not in pattern.groupindex:
                     bad_group = True
                     report(node, ("rename",), f"\\g<{name}> names no group of 'match'")
+            dollar = _DOLLAR_GROUP.search(template)
+            if dollar is not None:
+                bad_group = True
+                number = dollar.group(1) or dollar.group(2)
+                report(node, ("rename",), f"{dollar.group(0)!r} is not a group reference in a rename (it would be "
+                       f"written literally into the key); write '\\{number}' for group {number}, e.g. "
+                       f"rename: '{_DOLLAR_GROUP.sub(lambda m: chr(92) + (m.group(1) or m.group(2)), template)}'")
             problem = None if bad_group else _template_problem(pattern, template)
             if problem:
                 report(node, ("rename",), problem)
@@ -145,6 +156,7 @@ def semantic_problems(m: Merged) -> list[Problem]:
             if other in m.output:
                 report(shards, ("like",), f"the output's files are those of the source named here, so "
                        f"output.{other} has nothing to decide; remove one of the two")
+    _output_format_problems(m, report)
     loaded = m.require.get("loaded")
     if loaded is not None and isinstance(loaded.value, list):
         for i, _ in enumerate(loaded.value):
@@ -159,6 +171,33 @@ def semantic_problems(m: Merged) -> list[Problem]:
                     for sub, problem in _reference_problems(value, ("set", field_name), sources, vocabs):
                         report(config, sub, problem)
     return out
+
+
+def _output_format_problems(m: Merged, report: Any) -> None:
+    """A GGUF output is one .gguf file with its metadata section and no config.json; a
+    safetensors output has no metadata section and no .gguf name."""
+    fmt = m.output.get("format")
+    gguf = fmt is not None and fmt.value == "gguf"
+    name = m.output.get("file_name")
+    if gguf:
+        if "gguf" not in m.output:
+            report(fmt, (), "format: gguf needs output.gguf: {architecture: llama, file_type: Q8_0} (whose "
+                   "metadata the file carries)")
+        for other in ("max_shard_size", "shards", "config_file", "dtype"):
+            if other in m.output:
+                report(m.output[other], (), f"a gguf output is one .gguf file whose tensors gguf_quantize types, "
+                       f"so output.{other} has nothing to decide; remove it")
+        if m.config is not None:
+            report(m.config, (), "a gguf output writes no config.json: its metadata is built from the source's "
+                   "config as output.gguf says; remove the config section")
+        if name is not None and not str(name.value).endswith(".gguf"):
+            report(name, (), f"a gguf output's file_name ends in .gguf, e.g. model.gguf (not {name.value!r})")
+    else:
+        if "gguf" in m.output:
+            report(m.output["gguf"], (), "output.gguf describes a GGUF file's metadata; add format: gguf to the "
+                   "output (or remove output.gguf)")
+        if name is not None and str(name.value).endswith(".gguf"):
+            report(name, (), "a .gguf file_name needs format: gguf in the output section")
 
 
 def _permutation_refs(node: Node, at: tuple[str | int, ...], check_ref: Any, sources: list[str],

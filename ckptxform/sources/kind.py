@@ -22,6 +22,7 @@ LABELS = {
     "torch_dist": "Megatron-Core torch_dist (DCP + metadata.json, common.pt)",
     "megatron": "Megatron-LM save directory",
     "consolidated": "Meta consolidated.NN.pth (model-parallel shards)",
+    "gguf": "GGUF (llama.cpp)",
     "assets": "config and tokenizer files, no weights",
     "peft_adapter": "PEFT LoRA adapter (adapter_config.json + adapter_model)",
     "unknown": "no checkpoint found",
@@ -44,6 +45,8 @@ class CheckpointKind:
 def detect_kind(path: Path) -> CheckpointKind:
     """The kind of the checkpoint at local ``path`` (a directory or a weight file)."""
     if not path.is_dir():
+        if path.name.endswith(".gguf"):
+            return CheckpointKind("gguf", str(path), "")
         suffix = ".safetensors" if path.name.endswith((".safetensors", ".safetensors.index.json")) else None
         return CheckpointKind("safetensors" if suffix else "bin", str(path), "")
     names = {p.name for p in path.iterdir()}
@@ -64,6 +67,9 @@ def detect_kind(path: Path) -> CheckpointKind:
                               (", params.json" if "params.json" in names else ""))
     if any(n.endswith(".safetensors") for n in names):
         return CheckpointKind("safetensors", str(path), "")
+    ggufs = sorted(n for n in names if n.endswith(".gguf"))
+    if ggufs:
+        return CheckpointKind("gguf", str(path), f"{len(ggufs)} .gguf file(s)")
     if any(n.endswith((".bin", ".pt", ".pth")) for n in names):
         return CheckpointKind("bin", str(path), "")
     if "config.json" in names:

@@ -120,7 +120,8 @@ def inspect_location(location: str) -> tuple[Any, Any]:
 
 
 #: the files a built-in format opens; a file named otherwise is offered to plug-ins first
-_BUILTIN_FILE_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth")
+_BUILTIN_FILE_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth",
+                          ".gguf")
 
 
 def _open_path(path: str, name: str | None) -> Checkpoint:
@@ -129,6 +130,10 @@ def _open_path(path: str, name: str | None) -> Checkpoint:
     from .kind import detect_kind
 
     kind = detect_kind(Path(path)).kind if Path(path).is_dir() else None
+    if kind == "gguf" or (kind is None and path.endswith(".gguf")):
+        from .gguf import open_gguf
+
+        return open_gguf(path, name=name)
     if kind in ("unknown", "assets") or (kind is None and not path.endswith(_BUILTIN_FILE_SUFFIXES)):
         opened = _open_with_plugin(path, name)
         if opened is not None:

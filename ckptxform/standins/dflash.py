@@ -106,6 +106,11 @@ def build_qwen3_verifier(out_dir: str | Path, dims: DFlashDims = QWEN3_DFLASH_TI
     return build_verifier_head(out_dir, dims, vocab=dims.vocab, hidden=dims.hidden, config=config, seed=seed)
 
 
+def qwen3_fields(dims: DFlashDims) -> dict[str, Any]:
+    """The Qwen3 config fields of ``dims`` (the verifier's; DFlash and DSpark drafters copy them)."""
+    return _qwen3_fields(dims)
+
+
 def _qwen3_fields(dims: DFlashDims) -> dict[str, Any]:
     return {"model_type": "qwen3", "hidden_size": dims.hidden, "intermediate_size": dims.intermediate,
             "num_attention_heads": dims.heads, "num_key_value_heads": dims.kv_heads, "head_dim": dims.head_dim,

@@ -19,7 +19,9 @@ from ckptxform.standins.dcp_checkpoints import build_megatron_gpt, build_torchti
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
+from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
+from ckptxform.standins.gguf_models import build_llama_gguf
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
@@ -37,6 +39,7 @@ from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
+from ckptxform.standins.spm_llama import build_spm_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 from ckptxform.standins.vlm import build_llava
 
@@ -96,6 +99,21 @@ def _full_vocab_mla_drafter(root: Path) -> dict[str, str]:
 def _dflash(root: Path) -> dict[str, str]:
     return {"model": str(build_dflash_drafter(root / "Qwen3-8B-DFlash-b16").path),
             "verifier": str(build_qwen3_verifier(root / "Qwen3-8B").path)}
+
+
+def _dspark(root: Path) -> dict[str, str]:
+    verifier = build_dspark_verifier(root / "Qwen3-4B").path
+    return {"model": str(build_dspark_drafter(root / "DSpark-Qwen3-4B", verifier).path), "verifier": str(verifier)}
+
+
+def _speculators_dspark(root: Path) -> dict[str, str]:
+    """A speculators DSpark drafter: what dspark_to_speculators writes of DeepSpec's layout."""
+    from ckptxform import api
+
+    deepspec = _dspark(root / "deepspec")
+    drafter = api.apply("dspark_to_speculators", out=root / "Qwen3-4B-speculator.dspark", sources=deepspec,
+                        progress=False).out
+    return {"model": str(drafter), "verifier": deepspec["verifier"]}
 
 
 def _mtp_graft(root: Path) -> dict[str, str]:
@@ -163,6 +181,11 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_gpt2(root / "gpt2")), "GPT-2 Conv1D [in, out], fused c_attn",
         "nn.Linear [out, in], q/k/v_proj", "openai-community/gpt2 and GPT2LMHeadModel saves",
         "transformers' GPT-2 forward on Linear layers: same logits"),
+    **{f"hf_to_gguf_{t}": RuleStandin(
+        lambda root: _model(build_spm_llama(root / "TinyLlama-1.1B-Chat-v1.0")), "HF LlamaForCausalLM + tokenizer.model",
+        f"one llama.cpp GGUF file, {t.upper()}", "TinyLlama, Llama 2, Mistral 7B v0.1 (SentencePiece tokenizers)",
+        f"llama.cpp's convert_hf_to_gguf.py --outtype {t}: same tensor bytes and metadata key/values; "
+        "GGUFReader reads it") for t in ("f16", "bf16", "q8_0")},
     "hf_llama_to_meta": RuleStandin(
         lambda root: _model(build_llama(root / "Llama-3.1-8B-Instruct")), "HF LlamaForCausalLM",
         "Meta consolidated.safetensors + params.json", "meta-llama/Llama-3.x, Mistral-7B",
@@ -177,6 +200,12 @@ STANDINS: dict[str, RuleStandin] = {
         "the merged model (W + B @ A * scale, in float32, rounded once)", "any LoRA adapter of a Llama/Qwen/Mistral "
         "base (peft 0.18 save_pretrained)", "peft 0.18's merge_and_unload() + save_pretrained, bit for bit (bf16 and "
         "float32 bases); transformers loads it strictly"),
+    "gguf_to_hf": RuleStandin(
+        lambda root: _model(build_llama_gguf(root / "Meta-Llama-3.1-8B-Instruct-GGUF" / "model-Q4_K.gguf",
+                                             qtype="Q4_K")),
+        "Llama GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF LlamaForCausalLM float32",
+        "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), one file or a split set",
+        "transformers' from_pretrained(gguf_file=): every tensor bit for bit, on each block format"),
     "llava_to_text": RuleStandin(
         lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
         "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",
@@ -255,6 +284,15 @@ STANDINS: dict[str, RuleStandin] = {
         _dflash, "z-lab DFlash drafter", "speculators DFlash layout (aux ids + 1)",
         "z-lab/Qwen3-8B-DFlash-b16 and the other z-lab DFlash drafters",
         "speculators 0.9's DFlashConverter, tensor for tensor and field for field; speculators loads it"),
+    "dspark_to_speculators": RuleStandin(
+        _dspark, "DeepSpec DSpark drafter (Qwen3DSparkModel)", "speculators DSpark layout (aux ids + 1)",
+        "DeepSpec-trained Qwen3 DSpark drafters (deepseek-ai/DeepSpec's dspark_qwen3 recipes)",
+        "speculators 0.9's DSparkDraftModel loads it strictly; tensors byte for byte; DeepSpec -> speculators -> "
+        "DeepSpec is byte-identical"),
+    "speculators_to_dspark": RuleStandin(
+        _speculators_dspark, "speculators DSpark drafter", "DeepSpec's Qwen3DSparkModel layout (aux ids - 1)",
+        "speculators-trained Qwen3 DSpark drafters (anchor-first blocks)",
+        "DeepSpec -> speculators -> DeepSpec gives back the tensors and config fields"),
     "mtp_graft": RuleStandin(
         _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
         "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",

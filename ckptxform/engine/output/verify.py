@@ -139,8 +139,13 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
             fd = shard.fileno()
             stat = os.fstat(fd)
             identity = (stat.st_dev, stat.st_ino)
-            infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=stat.st_size,
-                                   label=str(path))
+            if file.endswith(".gguf"):
+                from .gguf.read_back import gguf_tensors
+
+                infos = gguf_tensors(path, str(path))
+            else:
+                infos, _ = read_header(lambda off, n: os.pread(fd, n, off), file=file, file_size=stat.st_size,
+                                       label=str(path))
             for info in infos:
                 entry = written.get(info.key)
                 if entry is None:

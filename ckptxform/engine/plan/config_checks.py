@@ -63,6 +63,12 @@ def check_config(config: Mapping[str, Any] | None, outputs: Mapping[str, OutputP
                         "model-parallel shard has a fraction of the model's dimensions)")
 
 
+def config_problems(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> list[str]:
+    """Every disagreement between ``config`` and ``tensors`` (anything with a ``shape``:
+    a checkpoint's headers as well as a plan's outputs), for ``ckptxform preflight``."""
+    return list(_problems(config, tensors))
+
+
 def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
     keys = sorted(outputs)
     for name, pattern, dim in _DIMENSIONS:
@@ -76,6 +82,25 @@ def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> I
     yield from _expert_problems(config, outputs, keys)
     yield from _layer_problems(config, keys)
     yield from _tie_problems(config, outputs)
+    yield from _bias_problems(config, keys)
+
+
+#: (flag, the bias tensors it says are there): transformers drops a bias its config does
+#: not declare ("unexpected keys") and initialises at random one it declares but is not given
+_BIASES = (("attention_bias", re.compile(_LAYER + r"self_attn\.(?:q_proj|k_proj|v_proj|o_proj|qkv_proj)\.bias")),
+           ("mlp_bias", re.compile(_LAYER + r"mlp\.(?:gate_proj|up_proj|down_proj|gate_up_proj)\.bias")))
+
+
+def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+    for flag, pattern in _BIASES:
+        declared = config.get(flag)
+        if not isinstance(declared, bool):
+            continue
+        present = next((key for key in keys if pattern.fullmatch(key)), None)
+        if present is not None and not declared:
+            yield f"{flag} is false but output {present!r} is written: transformers would drop it as unexpected"
+        if present is None and declared and any(_LAYER_KEY.match(key) for key in keys):
+            yield f"{flag} is true but no such bias is written: transformers would initialise them at random"
 
 
 def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:

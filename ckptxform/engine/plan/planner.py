@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...dtypes import USER_DTYPES
-from ...errors import PlanError, SourceNotFoundError, printable, quote_keys
+from ...errors import PlanError, SourceNotFoundError, UnmatchedRuleError, printable, quote_keys
 from ...rules.model import AddEntry, RuleSet, TensorRule
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
@@ -131,6 +131,23 @@ def needed_sources(rules: RuleSet) -> list[str]:
         names.add(rules.output.shards_like)
     names.update(config_sources(rules))
     return [name for name in rules.sources if name in names]
+
+
+def _unfit(summary: str, location: str, err: UnmatchedRuleError) -> UnmatchedRuleError:
+    err.summary, err.location = summary, location
+    return err
+
+
+def _unmatched_rule(rule: TensorRule, keys: list[str]) -> str:
+    """A rule that matched nothing: its pattern, and the full-match fix when it matches
+    keys only as a prefix (``model.layers.0`` for ``model.layers.0.mlp.weight``)."""
+    what = f"{rule.label} match '{rule.match}'"
+    prefixed = next((key for key in keys if rule.pattern.prefix_match(key)), None)
+    if rule.template is None and prefixed is not None:
+        return (f"{what} matches {prefixed!r} only as a prefix, and a match must match the whole key: write "
+                f"match: '{rule.match}.*' (and a rename with the group: match: '{rule.match}(.*)', rename: "
+                "'NEW\\1')")
+    return what
 
 
 def _matched_sources(rules: RuleSet) -> list[str]:
@@ -290,23 +307,31 @@ class _Planner:
                 self._plan_rule(source, rule, [info])
             else:
                 grouped.setdefault(rule.index, []).append(info)
+        keys = ckpt.tensor_keys()
+        # A rule overridden by an earlier one (a child file's, under extends) matches keys
+        # but takes none: that is intended. One that matches no key at all says the rule
+        # does not fit this checkpoint (or has a typo): refused, unless marked optional.
+        unfit = [rule for rule in rules if rule.index not in matched and not rule.optional
+                 and not any(map(rule.pattern.fullmatch, keys))]
+        if unfit:
+            raise _unfit(f"{len(unfit)} tensor rule{'s match' if len(unfit) != 1 else ' matches'} no tensor, e.g. "
+                         f"match '{unfit[0].match}'", ckpt.location, UnmatchedRuleError(
+                f"{self.rules.path}: {len(unfit)} tensor rule{'s match' if len(unfit) != 1 else ' matches'} no tensor "
+                f"of source {source!r} ({ckpt.location}): "
+                + "; ".join(_unmatched_rule(rule, keys) for rule in unfit)
+                + "; this rule does not fit this checkpoint (or the pattern is wrong); mark a rule "
+                "'optional: true' when the tensor may be absent", source=source))
         if unmatched:
-            raise PlanError(
+            raise _unfit(f"{len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} match no rule, e.g. "
+                         f"{unmatched[0]!r}", ckpt.location, UnmatchedRuleError(
                 f"{self.rules.path}: {len(unmatched)} tensor{'s' if len(unmatched) != 1 else ''} of source "
                 f"{source!r} match no rule: {quote_keys(unmatched)}; add a rule for each (or a 'skip' "
-                "with its reason), or set require.strict: false", source=source)
+                "with its reason), or set require.strict: false", source=source))
         for index, members in grouped.items():
             self._plan_rule(source, self.rules.tensors[index], members)
         for entry in ckpt.unread:  # a trainer's optimizer state, pickled objects: listed, never read
             self.records[(source, entry.key)] = TensorRecord(source, entry.key, "skipped", None, entry.shape,
                                                              entry.dtype, None, entry.reason)
-        keys = ckpt.tensor_keys()
-        for rule in rules:
-            # A rule overridden by an earlier one (a child file's, under extends) matches
-            # keys but takes none: that is intended, not worth a warning.
-            if rule.index not in matched and not rule.optional and not any(map(rule.pattern.fullmatch, keys)):
-                self.warnings.append(f"{rule.label}: match '{rule.match}' matched no tensor of {source!r}")
-
     def _plan_tie_or_skip(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
         where = rule.where.short
         if rule.skip is not None:

@@ -69,6 +69,10 @@ def _explain_not_loaded(rules: RuleSet, outputs: Mapping[str, OutputPlan], produ
         hint = f"; closest keys there: {', '.join(map(repr, close))}" if close else ""
         return (f"{head}: {rule.label} would produce it from {expected!r}, which {source!r} does not "
                 f"have{hint}")
+    close = difflib.get_close_matches(wanted, [k for k, o in outputs.items() if o.loaded], n=1, cutoff=0.6)
+    if close:  # most often a typo in the require entry itself
+        return (f"{head}: no rule produces it; did you mean {close[0]!r}, which is loaded? Correct the "
+                "require.loaded entry, or add a rule whose output key it is")
     return f"{head}: no rule produces it; add a rule whose output key it is"
 
 

@@ -35,6 +35,10 @@ __all__ = ["ApplyResult", "WrittenTensor", "execute", "layout_of"]
 def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
     """The output files of ``plan`` and where each tensor goes in them: packed into shards
     of ``output.max_shard_size``, or in the files of the source ``output.shards.like`` names."""
+    if plan.rules.output.format == "gguf":
+        from ..output.gguf.layout import plan_gguf_layout
+
+        return plan_gguf_layout(plan, sources)
     specs = [OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs]
     like = plan.rules.output.shards_like
     if like is not None:
