@@ -8,7 +8,8 @@ modules_to_save with weights of its own) saves the adapter (its factors also rew
 bf16 or fp16, for fp16 and bf16 bases: peft widens them on loading); our rule's output is byte for
 byte what peft's merge_and_unload() + save_pretrained writes, and LlamaForCausalLM loads it
 strictly. Without the reference extra: the adapter source's key mapping and scales, and the
-refusals (DoRA, another peft_type, a LoRA pair the base has no module for, fan_in_fan_out).
+refusals (DoRA, another peft_type, a LoRA pair the base has no module for, fan_in_fan_out),
+and an adapter repo on the (test) Hub read as its local folder is.
 """
 
 from __future__ import annotations
@@ -189,3 +190,42 @@ def test_an_adapter_model_bin_merges_as_its_safetensors_does(tmp_path: Path) -> 
     second = api.apply(RULE, out=tmp_path / "from-bin", progress=False,
                        sources={"base": str(base), "adapter": str(adapter)})
     assert (first.out / "model.safetensors").read_bytes() == (second.out / "model.safetensors").read_bytes()
+
+
+MERGE_FROM_HUB = """
+from ckptxform import api
+result = api.apply(RULE, out=OUT, sources={"base": BASE, "adapter": "hf://org/adapter@main"}, progress=False)
+emit(out=str(result.out))
+attempt("not_lora", lambda: api.plan(RULE, sources={"base": BASE, "adapter": "hf://org/dora@main"}))
+"""
+
+
+def test_an_adapter_repo_on_the_hub_is_a_source(tmp_path: Path) -> None:
+    """The same merge from a Hub repo (adapter_config.json + adapter_model.safetensors) as
+    from its local folder; a DoRA repo refused naming the field."""
+    import shutil
+
+    from hub_fixtures import ProxyTrap, client_env, run_client
+    from hubserver import HubServer
+
+    base, adapter = _standins(tmp_path, modules_to_save=("lm_head",), rank_pattern={"layers.0.self_attn.v_proj": 3})
+    local = api.apply(RULE, out=tmp_path / "local", progress=False, sources={"base": str(base), "adapter": str(adapter)})
+    dora = tmp_path / "dora"
+    shutil.copytree(adapter, dora)
+    config = json.loads((dora / "adapter_config.json").read_text())
+    (dora / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    trap = ProxyTrap()
+    try:
+        with HubServer() as server:
+            server.add_repo("org/adapter", adapter)
+            server.add_repo("org/dora", dora)
+            env = client_env(server, tmp_path / "home", trap)
+            code = f"RULE, OUT, BASE = {str(RULE)!r}, {str(tmp_path / 'hub')!r}, {str(base)!r}\n" + MERGE_FROM_HUB
+            run = run_client(code, env)
+        assert run.returncode == 0, run.stderr
+        assert trap.lines == []
+    finally:
+        trap.close()
+    assert (tmp_path / "hub" / "model.safetensors").read_bytes() == (local.out / "model.safetensors").read_bytes()
+    refused = run.record("not_lora")
+    assert refused["error"] == "CheckpointFormatError" and "adapter_config.json: use_dora is True" in refused["message"]

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointFormatError, SourceNotFoundError
+from ..errors import CheckpointFormatError, CkptxformError, SourceNotFoundError
 from ..fileio import read_small_file
 from .base import Checkpoint, TensorInfo
 from .pins import FilePin
@@ -55,46 +55,61 @@ def is_adapter_folder(path: Path) -> bool:
 
 
 def open_peft_adapter(path: str | Path, *, name: str | None = None) -> PeftAdapter:
+    """A local adapter folder."""
     from .local import open_local
 
     root = Path(path)
+    label = str(root / ADAPTER_CONFIG)
     raw = read_small_file(root / ADAPTER_CONFIG, 1 << 20, what="a PEFT adapter_config.json")
     try:
         config = json.loads(raw)
     except ValueError as err:
-        raise _refused(root, f"is not JSON: {err}", name) from None
-    if not isinstance(config, dict):
-        raise _refused(root, "is not a JSON object", name)
+        raise _refused(label, f"is not JSON: {err}", name) from None
     files = [n for n in ("adapter_model.safetensors", "adapter_model.bin") if (root / n).is_file()]
     if not files:
         raise SourceNotFoundError(f"{root}: a PEFT adapter folder ({ADAPTER_CONFIG}) without adapter_model.safetensors "
                                   "or adapter_model.bin; give the folder save_pretrained wrote", path=str(root),
                                   source=name)
-    _check_config(root, config, name)
     inner = open_local(root / files[0], name=name)
-    return PeftAdapter(str(path), name, root, inner, config)
+    try:
+        return PeftAdapter(str(path), name, inner, config, label, root)
+    except CkptxformError:
+        inner.close()
+        raise
 
 
-def _check_config(root: Path, config: dict[str, Any], name: str | None) -> None:
+def hub_adapter(inner: Checkpoint, name: str | None) -> PeftAdapter:
+    """A Hub repo holding an adapter (``adapter_model.safetensors``, opened as ``inner``)."""
+    config = inner.config(ADAPTER_CONFIG)
+    label = f"{inner.location}: {ADAPTER_CONFIG}"
+    if config is None:
+        raise SourceNotFoundError(f"{inner.location}: holds adapter_model.safetensors but no {ADAPTER_CONFIG}; "
+                                  "a PEFT adapter needs both", source=name)
+    return PeftAdapter(inner.location, name, inner, config, label, None)
+
+
+def _check_config(label: str, config: Any, name: str | None) -> None:
+    if not isinstance(config, dict):
+        raise _refused(label, "is not a JSON object", name)
     kind = config.get("peft_type")
     if kind != "LORA":
-        raise _refused(root, f"peft_type is {kind!r}; ckptxform reads LoRA adapters only (peft_type: LORA)", name)
+        raise _refused(label, f"peft_type is {kind!r}; ckptxform reads LoRA adapters only (peft_type: LORA)", name)
     for field, why in _REFUSED.items():
         if config.get(field) not in (None, False, [], {}):
-            raise _refused(root, f"{field} is {config[field]!r}: {why}, which ckptxform does not merge", name)
+            raise _refused(label, f"{field} is {config[field]!r}: {why}, which ckptxform does not merge", name)
     for field in ("r", "lora_alpha"):
         value = config.get(field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise _refused(root, f"{field} is {value!r}, not a positive number", name)
+            raise _refused(label, f"{field} is {value!r}, not a positive number", name)
     for field in ("rank_pattern", "alpha_pattern"):
         value = config.get(field) or {}
         if not isinstance(value, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                                                   for v in value.values()):
-            raise _refused(root, f"{field} is {value!r}, not a mapping of module patterns to positive numbers", name)
+            raise _refused(label, f"{field} is {value!r}, not a mapping of module patterns to positive numbers", name)
 
 
-def _refused(root: Path, message: str, name: str | None) -> CheckpointFormatError:
-    return CheckpointFormatError(f"{root / ADAPTER_CONFIG}: {message}", path=str(root / ADAPTER_CONFIG), source=name)
+def _refused(label: str, message: str, name: str | None) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{label}: {message}", path=label, source=name)
 
 
 def base_key(key: str) -> str:
@@ -115,18 +130,25 @@ def pattern_value(patterns: Mapping[str, Any], module: str, default: Any) -> Any
 class PeftAdapter(Checkpoint):
     """The adapter's tensors under the base model's keys; bytes read from its file."""
 
-    def __init__(self, location: str, name: str | None, root: Path, inner: Checkpoint, config: dict[str, Any]) -> None:
-        self.location, self.name, self.root, self._inner = location, name, root, inner
+    def __init__(self, location: str, name: str | None, inner: Checkpoint, config: Any, label: str,
+                 root: Path | None) -> None:
+        """``label`` names adapter_config.json in messages; ``root`` is the local folder."""
+        _check_config(label, config, name)
+        self.location, self.name, self._inner, self._label, self._root = location, name, inner, label, root
         self.files = inner.files
+        self.revision, self.commit = inner.revision, inner.commit
+        #: a Hub adapter's repo and fetch policy (a worker reopens it at the commit)
+        self.repo_id: str | None = getattr(inner, "repo_id", None)
+        self.policy: str | None = getattr(inner, "policy", None)
         self._saved: dict[str, TensorInfo] = {}
         tensors: dict[str, TensorInfo] = {}
         for key, info in inner.tensors.items():
             if ".lora_embedding_" in key or ".lora_magnitude_vector" in key:
-                raise _refused(root, f"the adapter holds {key!r}: LoRA on an embedding layer (or DoRA) is not "
+                raise _refused(label, f"the adapter holds {key!r}: LoRA on an embedding layer (or DoRA) is not "
                                "merged by ckptxform", name)
             mapped = base_key(key)
             if mapped in tensors:
-                raise _refused(root, f"{key!r} and another tensor both map to {mapped!r}", name)
+                raise _refused(label, f"{key!r} and another tensor both map to {mapped!r}", name)
             tensors[mapped] = replace(info, key=mapped)
             self._saved[mapped] = info
         self.tensors = tensors
@@ -142,7 +164,7 @@ class PeftAdapter(Checkpoint):
             r = pattern_value(config.get("rank_pattern") or {}, module, config["r"])
             alpha = pattern_value(config.get("alpha_pattern") or {}, module, config["lora_alpha"])
             if len(info.shape) != 2 or info.shape[0] != r:
-                raise _refused(self.root, f"{module!r} has lora_A of shape {list(info.shape)}, but the config gives "
+                raise _refused(self._label, f"{module!r} has lora_A of shape {list(info.shape)}, but the config gives "
                                f"it rank {r} (r, rank_pattern): the adapter does not match its config", self.name)
             scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
             node = tree
@@ -150,7 +172,7 @@ class PeftAdapter(Checkpoint):
             for part in parents:
                 node = node.setdefault(part, {})
                 if not isinstance(node, dict):
-                    raise _refused(self.root, f"module {module!r} is nested inside another adapted module", self.name)
+                    raise _refused(self._label, f"module {module!r} is nested inside another adapted module", self.name)
             node[leaf] = scale
         return tree
 
@@ -191,14 +213,25 @@ class PeftAdapter(Checkpoint):
     def pins(self) -> tuple[FilePin, ...]:
         from .pins import pin_path
 
-        return (*self._inner.pins(), pin_path(self.root / ADAPTER_CONFIG))
+        local = (pin_path(self._root / ADAPTER_CONFIG),) if self._root is not None else ()
+        return (*self._inner.pins(), *local)
 
     def local_paths(self) -> tuple[Path, ...]:
-        return (self.root.resolve(),)
+        return (self._root.resolve(),) if self._root is not None else self._inner.local_paths()
 
     def prefetch(self, files: Iterable[str], *, tensors: Iterable[str] = (),
                  rows: Mapping[str, Sequence[int]] | None = None) -> None:
-        pass
+        self._inner.prefetch(files, tensors=[self._saved[k].key for k in tensors if k in self._saved],
+                             rows={self._saved[k].key: v for k, v in (rows or {}).items() if k in self._saved})
+
+    def fetch_events(self) -> list[dict[str, Any]]:
+        return self._inner.fetch_events()
+
+    def first_etags(self) -> dict[str, str]:
+        return self._inner.first_etags()
+
+    def expect_etags(self, etags: Mapping[str, str]) -> None:
+        self._inner.expect_etags(etags)
 
     def close(self) -> None:
         self._inner.close()
