@@ -2,7 +2,7 @@
 merged into its base by ``combine``.
 
 Reference (peft 0.18, transformers): a tiny random Llama (hidden 42, GQA 6/2 heads, head_dim
-10, not hidden // heads) saved in bfloat16 or float32; peft's get_peft_model with nonzero
+10, not hidden // heads, intermediate 150: more than one 64-row band) saved in bfloat16 or float32; peft's get_peft_model with nonzero
 LoRA factors (plain and rsLoRA, a rank pattern and an alpha pattern, lm_head in
 modules_to_save with weights of its own) saves the adapter (its factors also rewritten in
 bf16 or fp16, for fp16 and bf16 bases: peft widens them on loading); our rule's output is byte for
@@ -120,7 +120,7 @@ def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool,
     torch.manual_seed(0)
     torch_dtype = getattr(torch, dtype)
     config = LlamaConfig(hidden_size=42, num_attention_heads=6, num_key_value_heads=2, head_dim=10,
-                         intermediate_size=58, num_hidden_layers=2, vocab_size=77, tie_word_embeddings=False)
+                         intermediate_size=150, num_hidden_layers=2, vocab_size=77, tie_word_embeddings=False)
     LlamaForCausalLM(config).to(torch_dtype).save_pretrained(root / "base")
     lora = LoraConfig(r=4, lora_alpha=12, use_rslora=rslora, init_lora_weights=False,
                       target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
@@ -151,12 +151,19 @@ def _peft_case(root: Path, dtype: str, rslora: bool, patterns: bool,
 @pytest.mark.parametrize(("dtype", "factors"), [("bfloat16", None), ("float32", None), ("float16", "bfloat16"),
                                                 ("bfloat16", "float16")])
 @pytest.mark.parametrize(("rslora", "patterns"), [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("banded", [False, True])
 def test_the_merge_is_peft_s_byte_for_byte(tmp_path: Path, dtype: str, factors: str | None, rslora: bool,
-                                           patterns: bool) -> None:
+                                           patterns: bool, banded: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``banded``: the chunk made tiny, so each weight is merged in bands of 64 rows (the
+    150-row gate/up_proj in three, the last overlapping the second)."""
     import torch
     from safetensors.torch import load_file
     from transformers import LlamaForCausalLM
 
+    from ckptxform.engine.plan import recipes
+
+    if banded:
+        monkeypatch.setattr(recipes, "CHUNK_BYTES", 1)
     base, adapter, merged = _peft_case(tmp_path, dtype, rslora, patterns, factors)
     result = api.apply(RULE, out=tmp_path / "out", sources={"base": str(base), "adapter": str(adapter)},
                        progress=False)
