@@ -236,3 +236,47 @@ def test_an_adapter_repo_on_the_hub_is_a_source(tmp_path: Path) -> None:
     assert (tmp_path / "hub" / "model.safetensors").read_bytes() == (local.out / "model.safetensors").read_bytes()
     refused = run.record("not_lora")
     assert refused["error"] == "CheckpointFormatError" and "adapter_config.json: use_dora is True" in refused["message"]
+
+
+# ------------------------------------------------------------------ an FP8 block-quantized base
+
+FP8_RULE = REPO / "rules" / "peft_lora_merge_fp8_block.yaml"
+
+
+@pytest.mark.reference
+@needs_peft
+@pytest.mark.parametrize("rslora", [False, True])
+def test_the_fp8_block_merge_is_peft_s_merge_of_the_dequantized_base_requantized(tmp_path: Path,
+                                                                                   rslora: bool) -> None:
+    """One rule (dequantize, merge, quantize) == fp8_to_bf16, then peft's merge_and_unload +
+    save_pretrained, then bf16_to_fp8_block: every byte, and the quantization_config."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    from ckptxform.standins.for_rules import _QUANTIZE_TINY
+
+    bf16 = build_llama(tmp_path / "bf16", _QUANTIZE_TINY)
+    fp8 = api.apply(REPO / "rules" / "bf16_to_fp8_block.yaml", out=tmp_path / "fp8", progress=False,
+                    sources={"model": str(bf16)}).out
+    adapter = build_lora_adapter(tmp_path / "adapter", _QUANTIZE_TINY, r=8, alpha=16, use_rslora=rslora,
+                                 targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                 rank_pattern={"layers.1.mlp.up_proj": 5}, modules_to_save=("lm_head",))
+    ours = api.apply(FP8_RULE, out=tmp_path / "ours", progress=False,
+                     sources={"base": str(fp8), "adapter": str(adapter)}).out
+    dequantized = api.apply(REPO / "rules" / "fp8_to_bf16.yaml", out=tmp_path / "bf16-again", progress=False,
+                            sources={"model": str(fp8)}).out
+    base = LlamaForCausalLM.from_pretrained(dequantized, dtype=torch.bfloat16)
+    PeftModel.from_pretrained(base, adapter).merge_and_unload().save_pretrained(tmp_path / "peft-merged")
+    want = api.apply(REPO / "rules" / "bf16_to_fp8_block.yaml", out=tmp_path / "want", progress=False,
+                     sources={"model": str(tmp_path / "peft-merged")}).out
+    got, expected = load_file(str(ours / "model.safetensors")), load_file(str(want / "model.safetensors"))
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and got[key].view(torch.uint8).equal(value.view(torch.uint8)), key
+    unmerged = load_file(str(fp8 / "model.safetensors"))
+    assert not got["model.layers.0.self_attn.q_proj.weight"].view(torch.uint8).equal(
+        unmerged["model.layers.0.self_attn.q_proj.weight"].view(torch.uint8))
+    config = json.loads((ours / "config.json").read_text())
+    assert config["quantization_config"] == json.loads((want / "config.json").read_text())["quantization_config"]

@@ -54,7 +54,7 @@ SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
 TRAINER_RULES = ("megatron_gpt_to_hf.yaml", "megatron_moe_to_hf.yaml", "torchtitan_0_2_llama_to_hf.yaml",
                  "torchtitan_llama_to_hf.yaml")
 #: rules one of whose sources is what the user trained (an adapter), which no Hub repo holds: an example path
-OWN_OUTPUT_RULES = ("peft_lora_merge.yaml",)
+OWN_OUTPUT_RULES = ("peft_lora_merge.yaml", "peft_lora_merge_fp8_block.yaml")
 DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES) - set(OWN_REFERENCE_RULES) - set(TRAINER_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 

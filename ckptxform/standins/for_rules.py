@@ -156,6 +156,20 @@ _QUANTIZE_TINY = LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400)
 def _bf16_llama(root: Path) -> dict[str, str]:
     return _model(build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY))
 
+def _lora_fp8_block(root: Path) -> dict[str, str]:
+    """An FP8_BLOCK base (the bf16 stand-in through bf16_to_fp8_block) and a LoRA adapter of it."""
+    from ckptxform import api
+    from ckptxform.rules.library import shipped_rule_path
+
+    bf16 = build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY)
+    base = root / "Qwen3-8B-FP8-block"
+    api.apply(str(shipped_rule_path("bf16_to_fp8_block")), out=base, sources={"model": str(bf16)}, progress=False)
+    adapter = build_lora_adapter(root / "lora-adapter", _QUANTIZE_TINY, r=8, alpha=16,
+                                 targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                 modules_to_save=("lm_head",))
+    return {"base": str(base), "adapter": str(adapter)}
+
+
 STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25": RuleStandin(
         _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (speculators layout)",
@@ -206,6 +220,11 @@ STANDINS: dict[str, RuleStandin] = {
         "Llama GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF LlamaForCausalLM float32",
         "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), one file or a split set",
         "transformers' from_pretrained(gguf_file=): every tensor bit for bit, on each block format"),
+    "peft_lora_merge_fp8_block": RuleStandin(
+        _lora_fp8_block, "FP8 block-quantized model (compressed-tensors FP8_BLOCK) + PEFT LoRA adapter folder",
+        "the merged model, FP8_BLOCK again (scales recomputed)", "LoRA adapters of llm-compressor FP8_BLOCK "
+        "models and bf16_to_fp8_block outputs", "peft 0.18's merge_and_unload() on the dequantized base, then "
+        "bf16_to_fp8_block, bit for bit"),
     "llava_to_text": RuleStandin(
         lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
         "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",
