@@ -28,7 +28,7 @@ from .quantize_checks import check_quantize
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
-from .output_checks import key_problem, tie_problem, value_problem
+from .output_checks import gguf_output_problem, key_problem, tie_problem, value_problem
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
@@ -193,6 +193,7 @@ class _Planner:
         self.warnings += check_quantize(self.rules, config, self.ckpts[self.rules.convert].tensor_keys())
         check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         check_config_requirements(self.rules, config, self.ckpts, self.vocab)
+        self._check_output_format()
         complete_unread_records(self.records, self.ckpts)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
@@ -204,6 +205,15 @@ class _Planner:
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
                     pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})
+
+    def _check_output_format(self) -> None:
+        if self.rules.output.format != "gguf":
+            return
+        files = set(self.ckpts[self.rules.convert].list_files())
+        problem = gguf_output_problem(list(self.outputs.values()), self.rules.convert, files)
+        if problem is not None:
+            message, key = problem
+            raise PlanError(f"{self.rules.path}: output.gguf: {message}" if key is None else message, key=key)
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
