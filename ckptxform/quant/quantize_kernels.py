@@ -40,26 +40,19 @@ from typing import TYPE_CHECKING, Any
 
 from .fp4 import pack_e2m1
 from .layouts import Fp8Block
+from .quantize_shared import FP4_MAX, FP8_MAX, WEIGHT_DTYPES, NonFiniteWeight, eps
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP8_MAX", "NonFiniteWeight", "WEIGHT_DTYPES", "absmax", "fp8_rows", "fp8_scale_rows",
+__all__ = ["FP4_MAX", "FP8_MAX", "NonFiniteWeight", "WEIGHT_DTYPES", "absmax", "eps", "fp8_rows", "fp8_scale_rows",
            "nvfp4_global_scale", "nvfp4_rows", "nvfp4_scale_rows"]
 
 Buffer = bytes | bytearray | memoryview
 
-#: the weight dtypes quantized (safetensors names); the FP8 scale takes the weight's
-WEIGHT_DTYPES = ("BF16", "F16", "F32")
-FP8_MAX = 448.0
-FP4_MAX = 6.0
 NVFP4_GROUP = 16
 #: what a zero e4m3 scale of NVFP4 becomes (compressed-tensors' eps for float8_e4m3fn)
 _FP8_SCALE_EPS = 0.125
-
-
-class NonFiniteWeight(ValueError):
-    """A NaN or infinite weight value: quantizing it is meaningless."""
 
 
 def _values(weight: Buffer, dtype: str, cols: int) -> np.ndarray:
@@ -109,12 +102,6 @@ def _round(values: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "F16":
         return _bits16(values, dtype).view(np.float16).astype(np.float32)
     return (_bits16(values, dtype).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def eps(dtype: str) -> float:
-    import numpy as np
-
-    return {"BF16": 2.0 ** -7, "F16": float(np.finfo(np.float16).eps), "F32": float(np.finfo(np.float32).eps)}[dtype]
 
 
 def _stored(values: np.ndarray, dtype: str) -> bytes:
