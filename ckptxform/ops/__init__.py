@@ -31,6 +31,7 @@ from .layout import (
     Unstack,
 )
 from .quantize import QuantizeFp8Block, QuantizeFp8Channel, QuantizeNvfp4
+from .quantize_int4 import QuantizeW4A16
 from .resize import ResizeRows
 from .rows import PermuteRows
 from .shards import ConcatShards
@@ -50,6 +51,7 @@ OPS = OpRegistry({op.verb: op for op in (
     DequantScaled(),
     DequantGguf(),
     GgufQuantize(),
+    QuantizeW4A16(),
 )})
 
 

@@ -145,6 +145,16 @@ _QUANTIZE_TINY = LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400)
 def _bf16_llama(root: Path) -> dict[str, str]:
     return _model(build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY))
 
+
+#: int4 groups of 128 need rows of whole groups: every width a multiple of 128, GQA
+_INT4_TINY = LmDims(hidden=256, heads=4, kv_heads=2, intermediate=384)
+_INT4_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
+                "quantization_config; compressed_int4_to_bf16 and transformers read it (tests/test_w4a16_reference.py)")
+
+
+def _bf16_llama_int4(root: Path) -> dict[str, str]:
+    return _model(build_llama(root / "Qwen3-8B-bf16", _INT4_TINY))
+
 STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25": RuleStandin(
         _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (speculators layout)",
@@ -248,6 +258,14 @@ STANDINS: dict[str, RuleStandin] = {
         _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "NVFP4 weights, 16-bit activations "
         "(compressed-tensors NVFP4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
         _QUANTIZE_CHECKS),
+    "bf16_to_w4a16": RuleStandin(
+        _bf16_llama_int4, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "int4 weights, symmetric, group 128, "
+        "16-bit activations (compressed-tensors W4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, "
+        "fine-tuned bf16 models", _INT4_CHECKS),
+    "bf16_to_w4a16_asym": RuleStandin(
+        _bf16_llama_int4, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "int4 weights with zero points, "
+        "group 128, 16-bit activations (compressed-tensors W4A16_ASYM)", "Qwen/Qwen3-8B, "
+        "meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models", _INT4_CHECKS),
     "fp8_to_bf16": RuleStandin(
         lambda root: _model(build_scaled_llama(root / "Llama-3.1-8B-Instruct-FP8-dynamic", "fp8-channel")),
         "FP8 e4m3 x weight_scale per tensor/channel (compressed-tensors)", "bfloat16",
