@@ -269,6 +269,7 @@ def test_add_copies_another_sources_tensor(small: HeadlineStandins, small_expect
     embed = "language_model.model.embed_tokens.weight"
     rule = rule_variant({
         "  - match: 'embed_tokens\\.weight'\n    optional: true": "  - match: 'embed_tokens\\.weight'\n"
+                                                                   "    optional: true\n"
                                                                    "    skip: taken from the verifier",
         "add:\n": f"add:\n  embed_tokens.weight: {{source: verifier, tensor: {embed}}}\n",
     })

@@ -20,7 +20,7 @@ from conftest import read_audit, source_args
 
 from ckptxform import api
 from ckptxform.engine.plan.recipes import CopyTensor, VocabField
-from ckptxform.errors import RequirementError, SourceNotFoundError
+from ckptxform.errors import RequirementError, SourceNotFoundError, UnmatchedRuleError
 from ckptxform.sources.local import LocalCheckpoint
 from ckptxform.standins import HeadlineStandins, build_eagle3_drafter
 
@@ -148,15 +148,17 @@ def test_plan_command_does_not_import_torch(headline: HeadlineStandins, headline
 
 def test_a_missing_permuted_tensor_is_reported_once(headline: HeadlineStandins, headline_rule: Path,
                                                     tmp_path: Path) -> None:
-    """require.loaded explains it; min_rows_from_source must not add a second, wrong fix
-    ("name the output key of a permute_rows rule") for the same missing source tensor."""
+    """The rule that reads it matching nothing says so, once, at its line; require.loaded
+    and min_rows_from_source must not add second, wrong fixes ("name the output key of a
+    permute_rows rule") for the same missing source tensor."""
     drafter = build_eagle3_drafter(tmp_path / "k2", headline.drafter.dims, headline.k2_ids,
                                    omit_keys=["lm_head.weight"])
-    with pytest.raises(RequirementError) as err:
+    with pytest.raises(UnmatchedRuleError) as err:
         api.plan(headline_rule, sources={**headline.sources, "drafter": str(drafter.path)})
     [line] = str(err.value).splitlines()
-    assert "'lm_head.weight' was not loaded from source 'drafter'" in line
-    assert "which 'drafter' does not have" in line
+    assert re.search(r"1 tensor rule matches no tensor of source 'drafter' \(.*\): tensors\[\d+\] "
+                     rf"\({re.escape(str(headline_rule))}:\d+\) match 'lm_head\\.weight'", line), line
+    assert "min_rows_from_source" not in line and "permute_rows" not in line
 
 
 @pytest.mark.parametrize(("omit", "fix"), [

@@ -18,8 +18,10 @@ from ckptxform.errors import RuleError
 from ckptxform.rules.invert import inverse_yaml
 from ckptxform.rules.loader import load_rules
 
+# the catch-all last: before them it would take these tensors (first match wins)
 FORWARD = MIXTRAL_RULE.replace("- concat: {over: P, dim: 1}", "- concat: {over: P, dim: 1, sizes: "
-                               "['${config.intermediate_size}', '${config.intermediate_size}']}") + """\
+                               "['${config.intermediate_size}', '${config.intermediate_size}']}").replace(
+    "  - match: '.+'\n", "") + """\
   - key: 'model.layers.{L}.self_attn.qkv_proj.weight'
     to: 'model.layers.{L}.self_attn.{P:q,k,v}_proj.weight'
     ops:
@@ -33,6 +35,7 @@ FORWARD = MIXTRAL_RULE.replace("- concat: {over: P, dim: 1}", "- concat: {over: 
     to: [model.embed_tokens.weight, lm_head.weight]
   - match: 'extra\\.(.+)\\.w'
     rename: 'moved.\\1.weight'
+  - match: '.+'
 """
 CONFIG = {"num_local_experts": 3, "intermediate_size": 6, "num_attention_heads": 5, "num_key_value_heads": 1,
           "head_dim": 4}

@@ -5,18 +5,20 @@ bounds memory by how many rows it asks for.
 F32/F16/BF16 are widened to float32 (what gguf-py returns for them too); a block format
 gguf-py decodes slowly uses the numpy kernel of ``gguf_fast`` (same bytes), every other
 one gguf-py's own decoder. A format gguf-py cannot decode is named by ``decodable``.
+numpy and gguf are imported when a tensor is decoded: ``ckptxform.ops`` imports this
+module, and a plan or a rename imports neither.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
-from .gguf_fast import FAST
-
-#: widened, not decoded
-PLAIN = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
+#: widened, not decoded (the numpy dtype of each)
+PLAIN = {"F32": "float32", "F16": "float16", "F64": "float64"}
 
 
 def block_shape(ggml_type: str) -> tuple[int, int]:
@@ -38,6 +40,10 @@ def decodable(ggml_type: str) -> bool:
 
 def dequant_gguf_bytes(data: bytes | memoryview | np.ndarray, ggml_type: str) -> np.ndarray:
     """``data`` (whole blocks of ``ggml_type``) as flat float32 values."""
+    import numpy as np
+
+    from .gguf_fast import FAST
+
     raw = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
     if ggml_type in PLAIN:
         return raw.view(PLAIN[ggml_type]).astype(np.float32)

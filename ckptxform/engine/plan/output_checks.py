@@ -8,7 +8,7 @@ import re
 from ...dtypes import cast_problem
 from ...errors import quote
 from ...sources.base import TensorInfo
-from .recipes import OutputPlan
+from .recipes import BlockProgram, OutputPlan
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -46,4 +46,38 @@ def tie_problem(source: str, info: TensorInfo, target: str, out: OutputPlan | No
     if (out.shape, out.dtype) != (info.shape, info.dtype):
         return (f"{source}:{info.key} is {info.dtype} {list(info.shape)} but output {target!r} is {out.dtype} "
                 f"{list(out.shape)}; tied tensors must be identical")
+    return None
+
+
+#: the converted source's files a GGUF output's metadata is built from
+GGUF_NEEDS = ("config.json", "tokenizer.model")
+
+
+def ggml_type_of_output(output: Any) -> str | None:
+    """The GGML type ``gguf_quantize`` gave an output tensor, or None when no such op made it."""
+    recipe = output.recipe
+    if isinstance(recipe, BlockProgram) and recipe.block.op.verb == "gguf_quantize" and output.dtype == output.input_dtype:
+        return str(recipe.block.args["ggml_type"])
+    return None
+
+
+def gguf_source_problem(source: str | None, missing: list[str]) -> str:
+    """Why a GGUF output cannot be written from ``source``, which lacks the files ``missing``."""
+    if "config.json" in missing:
+        return f"the source {source!r} has no config.json to build the GGUF metadata from"
+    return (f"the source {source!r} has no tokenizer.model; this GGUF writer carries SentencePiece (llama) "
+            "tokenizers only. A BPE tokenizer.json (Llama 3, Qwen2) needs llama.cpp's pre-tokenizer hash "
+            "table: convert that model with convert_hf_to_gguf.py")
+
+
+def gguf_output_problem(outputs: list[OutputPlan], source: str | None, files: set[str]) -> tuple[str, str | None] | None:
+    """Why the planned ``outputs`` cannot make a GGUF file from a source holding ``files``:
+    (message, output key) or None. Checked at plan time so ``plan`` and ``rules --for`` say it."""
+    missing = [name for name in GGUF_NEEDS if name not in files]
+    if missing:
+        return gguf_source_problem(source, missing), None
+    for output in outputs:
+        if ggml_type_of_output(output) is None:
+            return (f"{output.rule}: output {output.key!r} is not made by gguf_quantize; in a gguf output every "
+                    "tensor's ops end with gguf_quantize: {type: ...}"), output.key
     return None

@@ -24,11 +24,12 @@ from ...vocab.maps import Alignment, VocabMap
 from .config_builder import build_config
 from .cast_checks import check_quantized_casts
 from .config_checks import check_config
+from .constants import plan_constant
 from .quantize_checks import check_quantize
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
-from .output_checks import key_problem, tie_problem, value_problem
+from .output_checks import gguf_output_problem, key_problem, tie_problem, value_problem
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
@@ -179,8 +180,9 @@ class _Planner:
         check_config_requirements(self.rules, None, self.ckpts, self.vocab, of_sources=True)
         for source in _matched_sources(self.rules):
             self._plan_matched_source(source)
+        rule_outputs = dict(self.outputs)  # what a constant's for_each matches
         for entry in self.rules.add.values():
-            self._plan_add(entry)
+            self._plan_add(entry, rule_outputs)
         self._check_ties()
         self._read_layout_source()
         check_requirements(self.rules, self.outputs, self.producer, self.ckpts[self.rules.convert].tensor_keys())
@@ -190,6 +192,7 @@ class _Planner:
         self.warnings += check_quantize(self.rules, config, self.ckpts[self.rules.convert].tensor_keys())
         check_quantized_casts(self.rules, self.ckpts, self.outputs, self.producer)
         check_config_requirements(self.rules, config, self.ckpts, self.vocab)
+        self._check_output_format()
         complete_unread_records(self.records, self.ckpts)
         sources = {
             name: SourceRecord(name=name, location=ckpt.location, revision=ckpt.revision, commit=ckpt.commit,
@@ -201,6 +204,15 @@ class _Planner:
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
                     pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})
+
+    def _check_output_format(self) -> None:
+        if self.rules.output.format != "gguf":
+            return
+        files = set(self.ckpts[self.rules.convert].list_files())
+        problem = gguf_output_problem(list(self.outputs.values()), self.rules.convert, files)
+        if problem is not None:
+            message, key = problem
+            raise PlanError(f"{self.rules.path}: output.gguf: {message}" if key is None else message, key=key)
 
     # -- helpers -------------------------------------------------------------------------
     def _tensor(self, source: str, key: str, why: str, fix: str | None = None) -> TensorInfo:
@@ -406,9 +418,15 @@ class _Planner:
                 raise PlanError(f"{label}: tie: {problem}", key=key)
 
     # -- add -----------------------------------------------------------------------------
-    def _plan_add(self, entry: AddEntry) -> None:
+    def _plan_add(self, entry: AddEntry, rule_outputs: dict[str, OutputPlan]) -> None:
         where = entry.where.short
         label = f"add.{entry.key} ({where})"
+        if entry.is_constant:  # engine/plan/constants.py; never loaded, like every add
+            assert self.rules.convert is not None
+            for out in plan_constant(entry, rule_outputs, self._references(self.rules.convert),
+                                     lambda dtype: self._out_dtype(dtype, None)):
+                self._add_output(out, label)
+            return
         if entry.vocab is not None:
             vmap = self.vocab[entry.vocab]
             assert entry.field is not None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ....errors import PlanError, SourceNotFoundError
 from ...plan.layout import OutputLayout, OutputTensorSpec, ShardLayout, TensorPlacement
+from ...plan.output_checks import GGUF_NEEDS, ggml_type_of_output, gguf_source_problem
 
 if TYPE_CHECKING:
     from ...plan.opened import OpenSources
@@ -28,16 +29,6 @@ SMALL_FILES = ("config.json", "tokenizer.model", "tokenizer.json", "tokenizer_co
                "special_tokens_map.json", "generation_config.json", "README.md")
 #: general.file_type for each output.gguf.file_type (llama.cpp's LlamaFileType)
 FILE_TYPES = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0"}
-
-
-def ggml_type_of_output(output: Any) -> str | None:
-    """The GGML type ``gguf_quantize`` gave an output tensor, or None when no such op made it."""
-    from ...plan.recipes import BlockProgram
-
-    recipe = output.recipe
-    if isinstance(recipe, BlockProgram) and recipe.block.op.verb == "gguf_quantize" and output.dtype == output.input_dtype:
-        return str(recipe.block.args["ggml_type"])
-    return None
 
 
 def plan_gguf_layout(plan: Plan, sources: OpenSources) -> OutputLayout:
@@ -77,14 +68,9 @@ def _header(plan: Plan, folder: Path, spec: Any) -> tuple[bytes, list[OutputTens
     from .spm_vocab import add_spm_tokenizer
 
     label = f"{plan.rules.path}: output.gguf"
-    if not (folder / "config.json").is_file():
-        raise PlanError(f"{label}: the source {plan.rules.convert!r} has no config.json to build the GGUF "
-                        "metadata from")
-    if not (folder / "tokenizer.model").is_file():
-        raise SourceNotFoundError(
-            f"{label}: the source {plan.rules.convert!r} has no tokenizer.model; this GGUF writer carries "
-            "SentencePiece (llama) tokenizers only. A BPE tokenizer.json (Llama 3, Qwen2) needs llama.cpp's "
-            "pre-tokenizer hash table: convert that model with convert_hf_to_gguf.py")
+    missing = [name for name in GGUF_NEEDS if not (folder / name).is_file()]
+    if missing:  # planned from another copy of the source; plan checked this one
+        raise SourceNotFoundError(f"{label}: {gguf_source_problem(plan.rules.convert, missing)}")
     import json
 
     config = json.loads((folder / "config.json").read_text("utf-8"))
