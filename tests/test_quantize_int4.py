@@ -90,13 +90,30 @@ def codes(w: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor, group: int = 1
     return torch.round(torch.clamp(scaled, -8, 7)).flatten(-2)
 
 
-def transcription(w: torch.Tensor, symmetric: bool) -> dict[str, torch.Tensor]:
+def transcription(w: torch.Tensor, symmetric: bool, group: int = 128) -> dict[str, torch.Tensor]:
     """compressed-tensors 0.20's W4A16 (W4A16_ASYM) compressed state of ``w``."""
-    scale, zp = qparams(w, symmetric)
-    out = {"weight_packed": _pack(codes(w, scale, zp)), "weight_scale": scale, "weight_shape": torch.tensor(w.shape)}
+    scale, zp = qparams(w, symmetric, group)
+    out = {"weight_packed": _pack(codes(w, scale, zp, group)), "weight_scale": scale,
+           "weight_shape": torch.tensor(w.shape)}
     if not symmetric:
         out["weight_zero_point"] = _pack(zp.T).T.contiguous()
     return out
+
+
+def channel_rule(folder: Path, symmetric: bool) -> Path:
+    """The shipped W4A16 rule with one scale (and zero point) per row: strategy channel, the
+    config group named as llm-compressor names a scheme it is given as an object."""
+    stem = "bf16_to_w4a16" if symmetric else "bf16_to_w4a16_asym"
+    text = (RULES / f"{stem}.yaml").read_text()
+    for old, new in [("          group_size: 128\n", "          strategy: channel\n"),
+                     ("weights: {dynamic: false, group_size: 128, num_bits: 4, strategy: group,",
+                      "weights: {dynamic: false, group_size: null, num_bits: 4, strategy: channel,"),
+                     ("        W4A16_ASYM:\n" if not symmetric else "        W4A16:\n", "        config_group_0:\n")]:
+        assert old in text
+        text = text.replace(old, new)
+    rule = folder / f"{stem}_channel.yaml"
+    rule.write_text(text)
+    return rule
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +179,10 @@ def test_a_config_that_says_another_group_size_is_a_plan_error(tmp_path: Path) -
     text = (RULES / "bf16_to_w4a16.yaml").read_text()
     rule = tmp_path / "g32.yaml"
     rule.write_text(text.replace("weights: {dynamic: false, group_size: 128,", "weights: {dynamic: false, group_size: 32,"))
-    with pytest.raises(PlanError, match=r"writes int4 with \{'group_size': 128, 'symmetric': True\}, but "
-                                        r"quantization_config\.config_groups\.W4A16\.weights says "
-                                        r"\{'group_size': 32, 'symmetric': True\}; make them agree"):
+    with pytest.raises(PlanError, match=r"writes int4 with \{'strategy': 'group', 'group_size': 128, 'symmetric': "
+                                        r"True\}, but quantization_config\.config_groups\.W4A16\.weights says "
+                                        r"\{'strategy': 'group', 'group_size': 32, 'symmetric': True\}; make them "
+                                        r"agree"):
         api.plan(rule, sources={"model": str(src)}).close()
 
 
@@ -186,3 +204,22 @@ def test_a_nan_weight_is_an_error_naming_the_tensor(tmp_path: Path) -> None:
         api.apply(RULES / "bf16_to_w4a16_asym.yaml", out=tmp_path / "out", sources={"model": str(src)},
                   progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_channel_wise_is_one_group_a_row_and_reads_back(symmetric: bool, source: Path, tmp_path: Path) -> None:
+    weights = _weights()
+    api.apply(channel_rule(tmp_path, symmetric), out=tmp_path / "q", sources={"model": str(source)}, progress=False)
+    got = read_output(tmp_path / "q")
+    for key in QUANTIZED:
+        w = weights[key]
+        for part, want in transcription(w, symmetric, group=w.shape[1]).items():
+            assert same_bits(got[f"{key.rpartition('.')[0]}.{part}"], want), (key, part)
+    api.apply(RULES / "compressed_int4_to_bf16.yaml", out=tmp_path / "back", sources={"model": str(tmp_path / "q")},
+              progress=False)
+    back = read_output(tmp_path / "back")
+    for key in QUANTIZED:
+        w = weights[key]
+        scale, zp = qparams(w, symmetric, w.shape[1])
+        q = codes(w, scale, zp, w.shape[1]).to(torch.int8).to(w.dtype)
+        assert same_bits(back[key], (q - zp.to(w.dtype)) * scale), key

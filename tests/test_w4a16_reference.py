@@ -9,6 +9,8 @@
   quantization_config, on a tiny LlamaForCausalLM built by transformers (GQA, head_dim not
   hidden/heads) and on a bare checkpoint with odd row counts (1, 37, 129 rows: a zero point
   word of fewer than 8 rows) and columns that are a multiple of the group only.
+- The same for strategy channel (one scale and zero point per row, no preset: the scheme
+  given to model_free_ptq as an object), sym and asym.
 - compressed-tensors' decompress of the output equals compressed_int4_to_bf16's, and
   transformers (with compressed-tensors) loads the W4A16 output with no missing or unexpected
   key (not W4A16_ASYM: transformers refuses llm-compressor's own output of that scheme).
@@ -190,3 +192,38 @@ def test_transformers_loads_the_output_with_no_missing_or_unexpected_keys(tmp_pa
     out = _ours(stem, model_dir, tmp_path_factory.mktemp("ours") / "out")
     _, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_channel_wise_is_llm_compressors_and_reads_back_as_compressed_tensors_decompresses(
+        symmetric: bool, model_dir: Path, tmp_path: Path) -> None:
+    """strategy channel (one scale, and zero point, per row): no preset names it, so the scheme
+    is given to model_free_ptq as an object; compressed_int4_to_bf16 reads it back."""
+    model_free = pytest.importorskip("llmcompressor.entrypoints.model_free",
+                                     reason="llm-compressor (installed --no-deps) is not installed")
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from test_quantize_int4 import channel_rule
+
+    scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(num_bits=4, type="int",
+                                                                            symmetric=symmetric, strategy="channel"))
+    model_free.model_free_ptq(str(model_dir), str(tmp_path / "theirs"), scheme=scheme,
+                              ignore=_ignore("bf16_to_w4a16"), max_workers=1, device="cpu")
+    api.apply(channel_rule(tmp_path, symmetric), out=tmp_path / "ours", sources={"model": str(model_dir)},
+              progress=False)
+    got, want = read_output(tmp_path / "ours"), read_output(tmp_path / "theirs")
+    assert sorted(got) == sorted(want)
+    bad = sorted(k for k in want if not same_bits(got[k], want[k].contiguous()))
+    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
+    mine, ref = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours", "theirs"))
+    assert mine == ref
+    api.apply(RULES / "compressed_int4_to_bf16.yaml", out=tmp_path / "back", sources={"model": str(tmp_path / "ours")},
+              progress=False)
+    back = read_output(tmp_path / "back")
+    for m in sorted({k.rpartition(".")[0] for k in got if k.endswith(".weight_packed")}):
+        state = {p: got[f"{m}.{p}"] for p in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+                 if f"{m}.{p}" in got}
+        zp = state.get("weight_zero_point")
+        if zp is not None and zp.shape[0] == 1:  # see test_compressed_int4_to_bf16_equals_compressed_tensors_decompress
+            state["weight_zero_point"] = zp.as_strided(zp.shape, (1, 1))
+        assert same_bits(back[f"{m}.weight"], PackedQuantizationCompressor.decompress(state, scheme)["weight"]), m

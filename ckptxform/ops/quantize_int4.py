@@ -5,7 +5,8 @@
 ``X.weight`` becomes ``weight_packed`` int32 ``[rows, ceil(cols/8)]`` (eight 4-bit codes a
 word), ``weight_scale`` ``[rows, cols/group_size]`` in the weight's dtype, ``weight_shape``
 int64 ``[rows, cols]`` and, asymmetric, ``weight_zero_point`` int32
-``[ceil(rows/8), cols/group_size]`` (eight rows' zero points a word). Which modules are
+``[ceil(rows/8), cols/group_size]`` (eight rows' zero points a word). ``strategy: channel``
+is one scale (and zero point) per row: ``weight_scale`` ``[rows, 1]``. Which modules are
 quantized is ``targets``/``ignore`` as for the other quantize ops (ops/quantize.py). A
 targeted weight whose row is not whole groups is a plan error naming the key (compressed-tensors
 refuses it too). No inverse: dequantizing (``dequant_int4``) gives the rounded values back.
@@ -37,7 +38,9 @@ class QuantizeW4A16(_Quantize):
                              "group_size": {"type": "integer", "minimum": 1, "default": 128,
                                             "description": "columns per scale (compressed-tensors' group_size)"},
                              "symmetric": {"type": "boolean", "default": True,
-                                           "description": "false: a zero point per group (W4A16_ASYM)"}}}
+                                           "description": "false: a zero point per group (W4A16_ASYM)"},
+                             "strategy": {"enum": ["group", "channel"], "default": "group",
+                                          "description": "channel: one scale per row (group_size unused)"}}}
     parts = ("weight_packed", "weight_scale", "weight_shape")
 
     def part_names(self, args: Any) -> tuple[str, ...]:
@@ -45,7 +48,7 @@ class QuantizeW4A16(_Quantize):
 
     def _parts(self, args: Any, ctx: Context, key: str, value: View) -> list[tuple[str, Value]]:
         rows, cols = value.shape
-        group = args.get("group_size", 128)
+        group = cols if args.get("strategy", "group") == "channel" else args.get("group_size", 128)
         if cols % group:
             raise ctx.error(f"{key!r} has {cols} columns: {self.verb} scales groups of {group} and {group} does not "
                             f"divide the row; add {key.rpartition('.')[0]!r} to ignore", key=key)

@@ -69,7 +69,9 @@ def _agrees(label: str, verb: str, args: Any, config: dict[str, Any] | None) -> 
 
 def _int4_groups_agree(label: str, args: Any, groups: dict[str, Any]) -> None:
     """The group size and symmetry of an int4 quantize are what its config groups' weights say."""
-    want = {"group_size": args.get("group_size", 128), "symmetric": args.get("symmetric", True)}
+    channel = args.get("strategy", "group") == "channel"
+    want = {"strategy": "channel" if channel else "group", "group_size": None if channel else args.get("group_size", 128),
+            "symmetric": args.get("symmetric", True)}
     for name, group in sorted(groups.items()):
         weights = group.get("weights") if isinstance(group, dict) else None
         said = {k: weights.get(k) for k in want} if isinstance(weights, dict) else None
