@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -215,3 +217,84 @@ def test_every_loader_glob_stays_at_the_top_or_one_named_folder() -> None:
     for glob in LOADER_FILES:
         assert "**" not in glob and glob.count("/") <= int(glob.startswith("additional_chat_templates/"))
     assert glob_pattern("*.tiktoken").fullmatch("a/b.tiktoken") is None
+
+
+def _real_tokenizer(folder: Path) -> None:
+    """A small real tokenizer (the tokenizers library's WordLevel) with its config, chat
+    template and generation config, as a model folder on the Hub holds them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4, "server": 5}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              **special}))
+    (folder / "special_tokens_map.json").write_text(json.dumps(special))
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>"
+                                                "{% endfor %}")
+    (folder / "generation_config.json").write_text('{"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.25}')
+
+
+@pytest.mark.reference
+def test_transformers_loads_model_tokenizer_and_generation_config_from_the_output(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    sources = STANDINS["bf16_to_fp8_block"].build(tmp_path / "sources")
+    source = Path(sources["model"])
+    _real_tokenizer(source)
+    out = tmp_path / "out"
+    api.apply("bf16_to_fp8_block", out=out, sources=sources)
+
+    chat = [{"role": "user", "content": "hello server"}]
+    theirs = transformers.AutoTokenizer.from_pretrained(source)
+    ours = transformers.AutoTokenizer.from_pretrained(out)
+    assert ours("hello world server").input_ids == theirs("hello world server").input_ids == [3, 4, 5]
+    assert ours.apply_chat_template(chat, tokenize=False) == "<s>user: hello server</s>"
+    assert (ours.bos_token, ours.eos_token) == ("<s>", "</s>")
+    generation = transformers.GenerationConfig.from_pretrained(out)
+    assert (generation.eos_token_id, generation.temperature) == (2, 0.25)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_from_the_hub_only_the_loader_files_are_fetched(tmp_path: Path) -> None:
+    from hub_fixtures import ProxyTrap, client_env, file_requests
+    from hubserver import HubServer
+
+    _add_loader_files(_model(tmp_path / "model"))
+    (tmp_path / "model" / "training_state.pt").write_bytes(b"\x80" * 65536)
+    (tmp_path / "model" / "README.md").write_text("# not a loader file\n")
+    (tmp_path / "model" / "original").mkdir()
+    (tmp_path / "model" / "original" / "tokenizer.model").write_bytes(b"\x00" * 512)
+    (tmp_path / "rule.yaml").write_text("version: 1\nname: r\nsources:\n  model: {repo: ORG/M, revision: main}\n"
+                                        "tensors:\n  - match: '.+'\nconfig: {from: model}\n")
+    trap = ProxyTrap()
+    try:
+        with HubServer() as server:
+            server.add_repo("ORG/M", tmp_path / "model")
+            env = client_env(server, tmp_path / "home", trap, HF_HUB_CACHE=str(tmp_path / "cache"), NO_COLOR="1")
+
+            def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+                server.clear_log()
+                return subprocess.run([sys.executable, "-m", "ckptxform", *map(str, args), "-q"], env=env,
+                                      cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+            def fetched() -> set[str]:
+                return {r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in file_requests(server.log) if r.sent}
+
+            plan = cli("plan", "rule.yaml", "--json")
+            assert plan.returncode == 0, plan.stderr
+            assert sorted(f["file"] for f in json.loads(plan.stdout)["files"]) == sorted(LOADER)
+            assert fetched() <= {"config.json", "model.safetensors"}  # no file is fetched to plan
+            applied = cli("apply", "rule.yaml", "--out", tmp_path / "out")
+            assert applied.returncode == 0, applied.stderr
+            assert set(LOADER) <= fetched() <= {"config.json", "model.safetensors", *LOADER}
+    finally:
+        trap.close()
+    for name, data in LOADER.items():
+        assert (tmp_path / "out" / name).read_bytes() == data
+    assert not (tmp_path / "out" / "README.md").exists() and not (tmp_path / "out" / "original").exists()
+    verify(tmp_path / "out")
+    assert trap.lines == []
