@@ -42,7 +42,7 @@ CARRYING = [stem for stem in SHIPPED if load_rules(stem).output.loader_files is 
 
 
 def test_which_shipped_rules_carry_loader_files() -> None:
-    # not a Hugging Face folder: GGUF files (tokenizer in the metadata), Meta's consolidated whose own tokenizer contradicts the vocabulary it is remapped to
+    # not a Hugging Face folder: GGUF files (tokenizer in the metadata), Meta's consolidated
     # layout, a drafter whose own tokenizer contradicts the vocabulary it is remapped to, and a
     # Megatron save, which holds no tokenizer (a rule extending it names one: below)
     assert sorted(set(SHIPPED) - set(CARRYING)) == [
@@ -201,7 +201,8 @@ def test_a_gguf_output_carries_none_by_default_and_a_rule_says_no_other_value(tm
 
 
 @pytest.mark.parametrize("name", ["evil\x1b[2J.tiktoken", "tokenizer\n.json", "tokenizer\x7f.json"])
-def test_a_hostile_loader_file_name_is_refused(folders: Path, name: str, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_hostile_loader_file_name_is_refused(folders: Path, name: str,
+                                               run_cli) -> None:  # type: ignore[no-untyped-def]
     (folders / "model" / name).write_bytes(b"x")
     with pytest.raises(PlanError, match="holds a loader file named .* must not hold control characters"):
         api.plan(_rule(folders))

@@ -1,5 +1,6 @@
-"""A rule's ``files`` and the loader files its output carries (``output.loader_files``), planned from the sources' file listings (engine/output/copied_files.py
-copies them whole into the output with their sha256, and ``verify`` checks them again).
+"""A rule's ``files`` and the loader files its output carries (``output.loader_files``),
+planned from the sources' file listings (engine/output/copied_files.py copies them whole
+into the output with their sha256, and ``verify`` checks them again).
 
 The plan lists files (a Hub source lists its repo tree: no file is fetched); ``apply``
 fetches and copies only the files the plan copies. Weight files, their index and
