@@ -299,3 +299,12 @@ def test_from_the_hub_only_the_loader_files_are_fetched(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "README.md").exists() and not (tmp_path / "out" / "original").exists()
     verify(tmp_path / "out")
     assert trap.lines == []
+
+
+def test_a_loader_file_linking_out_of_the_source_is_refused(folders: Path) -> None:
+    (folders / "secret.txt").write_text("not the model's\n")
+    (folders / "model" / "tokenizer.json").unlink()
+    (folders / "model" / "tokenizer.json").symlink_to(folders / "secret.txt")
+    with pytest.raises(Exception, match="tokenizer.json: links to .*secret.txt, outside the checkpoint directory"):
+        api.apply(_rule(folders), out=folders / "out")
+    assert not (folders / "out").exists()
