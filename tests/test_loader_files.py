@@ -308,3 +308,15 @@ def test_a_loader_file_linking_out_of_the_source_is_refused(folders: Path) -> No
     with pytest.raises(Exception, match="tokenizer.json: links to .*secret.txt, outside the checkpoint directory"):
         api.apply(_rule(folders), out=folders / "out")
     assert not (folders / "out").exists()
+
+
+def test_llava_to_text_skips_the_image_processor_files_and_carries_the_rest(tmp_path: Path) -> None:
+    sources = STANDINS["llava_to_text"].build(tmp_path / "sources")
+    folder = Path(sources["model"])
+    _add_loader_files(folder)
+    for name in ("preprocessor_config.json", "processor_config.json", "chat_template.json"):
+        (folder / name).write_text('{"image": true}')
+    plan = api.plan("llava_to_text", sources=sources)
+    assert sorted(s.path for s in plan.files.skips) == ["chat_template.json", "preprocessor_config.json",
+                                                        "processor_config.json"]
+    assert sorted(c.target for c in plan.files.copies) == sorted(LOADER)
