@@ -59,7 +59,8 @@ def test_a_config_without_text_config_is_refused_naming_config_root(tmp_path: Pa
     del config["text_config"]
     (source / "config.json").write_text(json.dumps(config))
     err = assert_clean_failure(run_cli("plan", RULE, "--source", f"model={source}"))
-    assert err == (f"error: config.root ({RULE}:37): 'text_config' of config.json of source 'model' is absent; "
+    line = next(n for n, text in enumerate(RULE.read_text().splitlines(), 1) if text.strip().startswith("root:"))
+    assert err == (f"error: config.root ({RULE}:{line}): 'text_config' of config.json of source 'model' is absent; "
                    "its mappings there: 'vision_config'\n")
 
 

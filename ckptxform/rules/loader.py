@@ -92,6 +92,7 @@ def _config_spec(node: Node | None) -> ConfigSpec | None:
     c = node.value or {}
     return ConfigSpec(
         where=node.where(), from_source=c.get("from"), root=c.get("root"),
+        root_where=node.where("root", key=True) if "root" in c else None,
         keep=tuple(c["keep"]) if "keep" in c else None,
         rename=tuple(c.get("rename", {}).items()), delete=tuple(c.get("delete", [])),
         set=tuple((k, val, node.where("set", k)) for k, val in c.get("set", {}).items()))

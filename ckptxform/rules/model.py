@@ -204,6 +204,7 @@ class ConfigSpec:
     from_source: str | None = None
     #: start from this dotted path of the ``from`` source's config (a VLM's ``text_config``)
     root: str | None = None
+    root_where: Where | None = None
     keep: tuple[str, ...] | None = None
     rename: tuple[tuple[str, str], ...] = ()
     delete: tuple[str, ...] = ()

@@ -84,7 +84,7 @@ def _subtree(found: dict[str, Any], spec: Any, config_file: str) -> dict[str, An
     what = "is absent" if value is _MISSING else f"is {type(value).__name__}, not a mapping"
     hint = (f"; its mappings there: {', '.join(repr(f) for f in fields[:10])}" if fields
             else "; this source's config has no sub-configs: is it the model the rule is for?")
-    raise PlanError(f"config.root ({spec.where.short}): {spec.root!r} of {config_file} of source "
+    raise PlanError(f"config.root ({(spec.root_where or spec.where).short}): {spec.root!r} of {config_file} of source "
                     f"{spec.from_source!r} {what}{hint}", source=spec.from_source)
 
 
