@@ -120,16 +120,31 @@ def _sha256(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: a dataclass -> the names of its fields that are not positions (looked up once a class:
+#: ``dataclasses.fields`` per value was most of hashing a 20,000-tensor plan)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def _canonical(value: Any) -> Any:
     """``value`` as plain JSON data: dataclasses by field (positions left out), tuples as lists."""
-    if value is None or isinstance(value, (str, int, float)):  # first: a plan holds row maps of 32,000 ids
+    kind = type(value)
+    if kind in _PLAIN:  # first: a plan holds row maps of 32,000 ids
         return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__name__,
-                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
-                   if f.name not in _POSITIONS and not isinstance(getattr(value, f.name), Where)}}
+    names = _FIELDS.get(kind)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value) if f.name not in _POSITIONS)
+    if names is not None:
+        out = {"type": kind.__name__}
+        for name in names:
+            field = getattr(value, name)
+            if not isinstance(field, Where):
+                out[name] = field if type(field) in _PLAIN else _canonical(field)
+        return out
+    if value is None or isinstance(value, (str, int, float)):
+        return value
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [v if type(v) in _PLAIN else _canonical(v) for v in value]
     return value
