@@ -136,3 +136,21 @@ def test_build_plan_restores_the_collector(tmp_path: Path) -> None:
     assert gc.isenabled()
     plan_open(rules)[1].close()
     assert gc.isenabled()
+
+
+def test_the_run_plan_written_in_pieces_is_the_whole_encoding(tmp_path: Path, monkeypatch) -> None:
+    """save_run_plan writes shard by shard what json.dumps of the whole encoding wrote."""
+    from ckptxform.engine.run import shard_plan, tasks
+
+    written = []
+
+    def checked(job, run):
+        name = shard_plan.save_run_plan(job, run)
+        written.append(((job.path / name).read_text(), json.dumps({"format": 1, "plan": shard_plan.CODEC.encode(run)})))
+        return name
+
+    monkeypatch.setattr(tasks, "save_run_plan", checked)
+    apply(_many_tensors(tmp_path, 400), out=tmp_path / "out", jobs=1, fsync=False)
+    assert len(written) == 1
+    text, whole = written[0]
+    assert text == whole + "\n" and '"type": "ShardPlan"' in text
