@@ -37,7 +37,7 @@ CLONE_BLOCK = 4096
 _DEFAULT_METADATA: Mapping[str, str] = MappingProxyType({"format": "pt"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class OutputTensorSpec:
     """One output tensor as the plan knows it before any byte is read."""
 
@@ -62,7 +62,7 @@ class OutputTensorSpec:
         return nbytes(self.dtype, self.shape)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorPlacement:
     """Where one tensor's bytes go: ``offset`` is absolute in ``file``."""
 
