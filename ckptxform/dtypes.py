@@ -101,6 +101,11 @@ def cast_problem(src: str, dst: str) -> str | None:
     return None
 
 
+def int_range(dtype: str) -> tuple[int, int]:
+    """The least and greatest value of an integer dtype (BOOL: 0 and 1)."""
+    return _INT_RANGES[dtype]
+
+
 def is_float(dtype: str) -> bool:
     return dtype in _FLOAT_EXACT
 

@@ -113,6 +113,16 @@ def _not_a_file(path: str | os.PathLike[str], mode: int) -> NotAFileError:
                          "itself", path=os.fspath(path), kind=kind)
 
 
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it exists but is no regular file ("a FIFO (named pipe)", "a
+    directory", ...); None for a regular file or nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
 def _kind(mode: int) -> str:
     kinds = [(stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")]

@@ -235,7 +235,7 @@ def test_deepseek_nextn_extract_writes_what_sglangs_export_script_writes(deepsee
 def test_deepseek_nextn_extract_of_a_verifier_whose_mtp_layer_was_dropped_fails_the_plan(
         deepseek_v3: Path, run_cli: Any, tmp_path: Path) -> None:
     """A conversion tool that dropped layer 61 but kept num_nextn_predict_layers: 1 (vLLM
-    would serve a random head): require.loaded names the missing block."""
+    would serve a random head): the rules that read layer 61 match nothing, and say so."""
     import shutil
 
     from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
@@ -243,5 +243,5 @@ def test_deepseek_nextn_extract_of_a_verifier_whose_mtp_layer_was_dropped_fails_
     dropped = build_kimi_k2(tmp_path / "dropped", DEEPSEEK_V3_61_TINY, num_shards=8, seed=9).path
     shutil.copy(deepseek_v3 / "config.json", dropped / "config.json")
     err = _plan_error(run_cli, NEXTN, {"verifier": str(dropped)})
-    assert err.startswith(f"error: require.loaded ({NEXTN}:")
-    assert "'model.layers.0.enorm.weight' was not loaded from source 'verifier'" in err
+    assert err.startswith(f"error: {NEXTN}: 2 tensor rules match no tensor of source 'verifier' ")
+    assert r"match 'model\.layers\.61\.(.+)'" in err

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 from test_hostile_inputs import Case
 
 from ckptxform.errors import CheckpointFormatError
@@ -106,3 +107,52 @@ def _lookup_comparisons(count: int) -> int:
 def test_the_keys_of_an_unread_shard_are_sorted_once_not_per_lookup() -> None:
     small, large = _lookup_comparisons(300), _lookup_comparisons(3000)
     assert large <= 20 * small, (small, large)  # n log n (quadratic: ~100x)
+
+
+# ---------------------------------------------------------------- 7, 8: a source config's regexes
+
+
+def _compressed_fp8_source(case: Any, ignore: list[str], module: str = "model.layers.0.mlp.down_proj") -> None:
+    import json
+
+    import torch
+    from test_hostile_inputs import make_source
+
+    config = {"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ignore,
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False}}}}}
+    make_source(case.root / "m", {f"{module}.weight": torch.ones(2, 2).to(torch.float8_e4m3fn),
+                                  f"{module}.weight_scale": torch.ones(2, 1)}, config=json.dumps(config))
+
+
+def test_an_ignore_pattern_of_the_source_config_that_does_not_compile_is_named(case: Any) -> None:
+    _compressed_fp8_source(case, ["lm_head", "re:model.(layers"])
+    case.fails("plan", "fp8_to_bf16", "--source", "model=m", code=1, line=(
+        f"error: tensors[0].ops[0] dequant_scaled ({REPO / 'rules' / 'fp8_to_bf16.yaml'}:36): "
+        "quantization_config.ignore[1] 're:model.(layers' is not a regular expression (missing ) at position 13); "
+        "fix the pattern in the source's config.json"))
+
+
+def test_a_catastrophic_ignore_pattern_of_the_source_config_is_stopped_not_run_for_ever(case: Any) -> None:
+    _compressed_fp8_source(case, ["re:(a|aa)+$"], module="a" * 200 + "b")
+    case.fails("plan", "fp8_to_bf16", "--source", "model=m", code=1, line=(
+        "error: quantization_config.ignore: 're:(a|aa)+$' was stopped after 1 s on the 201-character module "
+        "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa...': it backtracks catastrophically; rewrite "
+        "it without nested or overlapping repetition such as '(a+)+'"))
+
+
+# ---------------------------------------------------------------- 12: a special file as an extends base
+
+
+@pytest.mark.parametrize(("make", "kind"), [
+    (lambda p: __import__("os").mkfifo(p), "a FIFO (named pipe)"),
+    (lambda p: p.symlink_to("/dev/zero"), "a character device"),
+    (lambda p: p.mkdir(), "a directory"),
+])
+def test_an_extends_base_that_is_no_regular_file_is_named_as_the_rule_path_is(case: Case, make: Any,
+                                                                              kind: str) -> None:
+    make(case.root / "base.yaml")
+    (case.root / "r.yaml").write_text("version: 1\nextends: base.yaml\n")
+    case.fails("validate", "r.yaml", code=2, line=(
+        f"r.yaml:2:10: extends: 'base.yaml' is {kind}, not a regular file (base.yaml); give the path of a YAML file"))

@@ -665,7 +665,7 @@ KEY_CASES = {
         {"f": "  - match: '(fc)"}),
     "a weight file name escaping OUT": KeyCase(
         "  max_shard_size: 5GB\n", "  max_shard_size: 5GB\n  file_name: ../escaped.safetensors\n", 2,
-        "{rule}:{o}:14: output.file_name: '../escaped.safetensors' is not of the form ^[A-Za-z0-9_.-]+\\.safetensors$",
+        "{rule}:{o}:14: output.file_name: '../escaped.safetensors' is not of the form ^[A-Za-z0-9_.-]+\\.(safetensors|gguf)$",
         {"o": "  file_name:"}),
 }
 

@@ -117,6 +117,7 @@ def test_the_readme_lists_every_shipped_rule_as_the_catalogue_makes_it() -> None
 HF_STANDINS = {"hf_llama_to_meta": "LlamaForCausalLM", "untie_embeddings": "LlamaForCausalLM",
                "tie_embeddings": "LlamaForCausalLM", "mixtral_legacy_to_fused": "MixtralForCausalLM",
                "qwen2_moe_legacy_to_fused": "Qwen3MoeForCausalLM", "phi3_to_llama": "Phi3ForCausalLM",
+               "qwen2_to_llama": "Qwen2ForCausalLM",
                "gpt2_conv1d_to_linear": "GPT2LMHeadModel", "gemma_to_llama": "GemmaForCausalLM"}
 
 

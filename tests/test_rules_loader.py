@@ -153,13 +153,13 @@ GOLDEN = [
     ),
     pytest.param(
         BASE + "add:\n  d2t: {encoding: offset, tensor: d2t}\n",
-        [("rules.yaml:11:8: add.d2t: expected one of the forms {vocab, field} or {source, tensor}, "
+        [("rules.yaml:11:8: add.d2t: expected one of the forms {vocab, field} or {source, tensor} or {fill, shape}, "
          "got {\"encoding\": \"offset\", \"tensor\": \"d2t\"}")],
         id="one-of-add-entry-with-neither-form",
     ),
     pytest.param(
         BASE + "add:\n  d2t: {}\n",
-        ["rules.yaml:11:8: add.d2t: expected one of the forms {vocab, field} or {source, tensor}, got {}"],
+        ["rules.yaml:11:8: add.d2t: expected one of the forms {vocab, field} or {source, tensor} or {fill, shape}, got {}"],
         id="one-of-add-entry-empty",
     ),
     # --- dependent keys --------------------------------------------------------------------

@@ -471,6 +471,7 @@ def test_require_loaded_names_the_source_key_a_template_would_read(tmp_path: Pat
         tensors:
           - key: 'model.layers.{L}.block_sparse_moe.gate.weight'
             to: 'model.layers.{L}.mlp.gate.weight'
+            optional: true
           - match: '.+'
             rename: 'x.\\g<0>'
         require:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import QuantizationConfigError
-from .schemes import Found, is_class_name, names_module
+from .schemes import Found, checked_names, is_class_name, names_module
 
 __all__ = ["GroupSchemes", "SchemeGroup", "WeightScheme"]
 
@@ -85,7 +85,7 @@ class GroupSchemes:
             raise QuantizationConfigError(f"{path}.config_groups is {groups_in!r}; it must name at least one group")
         groups = tuple(_compressed_group(f"{path}.config_groups.{name}", str(name), group, q.get("format"))
                        for name, group in groups_in.items())
-        return cls(path, groups, _strings(q.get("ignore"), f"{path}.ignore"), False)
+        return cls(path, groups, checked_names(_strings(q.get("ignore"), f"{path}.ignore"), f"{path}.ignore"), False)
 
     def ignored(self, module: str) -> str | None:
         """The ``ignore`` entry naming ``module``, if one does."""
@@ -97,11 +97,11 @@ class GroupSchemes:
         if self.ignored(module) is not None:
             return None
         return next((group for group in self.groups for target in group.targets
-                     if names_module(target, module) or (stored_quantized and is_class_name(target))), None)
+                     if names_module(target, module, f"{group.path}.targets") or (stored_quantized and is_class_name(target))), None)
 
     def _ignores(self, entry: str, module: str) -> bool:
         if not self.modelopt:
-            return names_module(entry, module)
+            return names_module(entry, module, f"{self.path}.ignore")
         # ModelOpt's exclude_modules: module names or fnmatch patterns, a parent excluding its children
         return module == entry or module.startswith(entry + ".") or fnmatch.fnmatchcase(module, entry)
 
@@ -109,7 +109,7 @@ class GroupSchemes:
 def _compressed_group(path: str, name: str, group: Any, top_format: Any) -> SchemeGroup:
     if not isinstance(group, dict):
         raise QuantizationConfigError(f"{path} is {group!r}, not an object")
-    targets = _strings(group.get("targets"), f"{path}.targets")
+    targets = checked_names(_strings(group.get("targets"), f"{path}.targets"), f"{path}.targets")
     if not targets:
         raise QuantizationConfigError(f"{path}.targets is {group.get('targets')!r}, not a list of module names or "
                                       "classes")

@@ -17,17 +17,21 @@ and field; the op adds the rule and the tensor key.
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import QuantizationConfigError
+import regex
 
-__all__ = ["CONFIG_PATHS", "CompressedConfig", "Fp8BlockConfig", "Int4Group", "dequant_op_for", "find_quantization_config",
+from ..errors import QuantizationConfigError, quote
+
+__all__ = ["CONFIG_PATHS", "CompressedConfig", "checked_names", "Fp8BlockConfig", "Int4Group", "dequant_op_for", "find_quantization_config",
            "scale_of"]
 
 CONFIG_PATHS = ("quantization_config", "text_config.quantization_config", "compression_config")
+#: the bound rule regexes have, for the ones a source's config brings (a hostile one must not hang a plan)
+MATCH_TIMEOUT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -115,11 +119,11 @@ class CompressedConfig:
         ignore = q.get("ignore") or []
         if not isinstance(ignore, list) or not all(isinstance(i, str) for i in ignore):
             raise QuantizationConfigError(f"{path}.ignore is {ignore!r}, not a list of strings")
-        return cls(path, groups, tuple(ignore))
+        return cls(path, groups, checked_names(tuple(ignore), f"{path}.ignore"))
 
     def ignored(self, module: str) -> str | None:
         """The ``ignore`` entry naming ``module``, if one does."""
-        return next((entry for entry in self.ignore if names_module(entry, module)), None)
+        return next((entry for entry in self.ignore if names_module(entry, module, f"{self.path}.ignore")), None)
 
     def group_for(self, module: str, *, stored_quantized: bool) -> Int4Group | None:
         """The first group whose targets take ``module`` (class targets take what is
@@ -128,7 +132,8 @@ class CompressedConfig:
             return None
         for group in self.groups:
             for target in group.targets:
-                if names_module(target, module) or (stored_quantized and is_class_name(target)):
+                where = f"{self.path}.config_groups.{group.name}.targets"
+                if names_module(target, module, where) or (stored_quantized and is_class_name(target)):
                     return group
         return None
 
@@ -153,14 +158,41 @@ def _int4_group(path: str, name: str, group: Any, top_format: Any) -> Int4Group:
     targets = group.get("targets")
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
         raise QuantizationConfigError(f"{path}.targets is {targets!r}, not a list of module names or classes")
-    return Int4Group(name, tuple(targets), size, bool(w.get("symmetric", True)))
+    return Int4Group(name, checked_names(tuple(targets), f"{path}.targets"), size, bool(w.get("symmetric", True)))
 
 
-def names_module(entry: str, module: str) -> bool:
-    """Whether a target or ignore entry (``re:REGEX``, from the start, or an exact name) names ``module``."""
-    if entry.startswith("re:"):
-        return re.match(entry.removeprefix("re:"), module) is not None
-    return entry == module
+@functools.lru_cache(maxsize=4096)
+def _compiled(text: str) -> Any:
+    return regex.compile(text, flags=regex.VERSION0)  # re's syntax, with a time bound on matching
+
+
+def checked_names(entries: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``entries`` (targets or ignore), each ``re:`` pattern compiled once now: one that does
+    not compile is an error naming it and ``where`` it is, not a traceback at the first match."""
+    for i, entry in enumerate(entries):
+        if entry.startswith("re:"):
+            try:
+                _compiled(entry[3:])
+            except (regex.error, RecursionError, OverflowError, MemoryError) as err:
+                raise QuantizationConfigError(
+                    f"{where}[{i}] {quote(entry)} is not a regular expression ({err}); fix the pattern in the "
+                    "source's config.json") from None
+    return entries
+
+
+def names_module(entry: str, module: str, where: str) -> bool:
+    """Whether a target or ignore entry (``re:REGEX``, from the start, or an exact name) names
+    ``module``; ``where``: the config field it is from, for the error of a runaway pattern."""
+    if not entry.startswith("re:"):
+        return entry == module
+    try:
+        return _compiled(entry[3:]).match(module, timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        shown = module if len(module) <= 60 else module[:57] + "..."
+        raise QuantizationConfigError(
+            f"{where}: {quote(entry)} was stopped after {MATCH_TIMEOUT_S:g} s on the {len(module):,}-character "
+            f"module {quote(shown)}: it "
+            "backtracks catastrophically; rewrite it without nested or overlapping repetition such as '(a+)+'") from None
 
 
 def is_class_name(entry: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RuleError
+from ..fileio import special_kind
 from .library import shipped_rule_path
 from .schema_check import format_path, plain
 from .yaml_source import Where, YamlDocument, read_yaml
@@ -45,6 +46,9 @@ def read_chain(path: Path, label: str, seen: tuple[tuple[Path, str], ...]) -> li
         shipped = shipped_rule_path(base)
         base_label = str(shipped) if shipped is not None else base_label
     where = doc.where(("extends",))
+    if (kind := special_kind(base_label)) is not None:  # worded as for the top-level rule path
+        raise RuleError([f"{where}: extends: {base!r} is {kind}, not a regular file ({plain(base_label)}); "
+                         "give the path of a YAML file"], path=label)
     if not Path(base_label).is_file():
         raise RuleError([f"{where}: extends: {base!r} not found (looked for {plain(base_label)})"], path=label)
     chain = (*seen, (resolved, label))

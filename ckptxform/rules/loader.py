@@ -36,6 +36,7 @@ from .model import (
     TensorRule,
     VocabSpec,
 )
+from .constants import constant_templates
 from .config_assertions import config_assertion_problems, parse_config_assertions
 from .schema_check import schema_problems
 from .semantic_checks import Problem, semantic_problems
@@ -147,9 +148,12 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
     add = {}
     for key, node in m.named["add"].items():
         v = node.value
+        template, for_each = constant_templates(key, v) if "fill" in v else (None, None)
         add[key] = AddEntry(key=key, where=node.where(key=True), vocab=v.get("vocab"), field=v.get("field"),
                             encoding=v.get("encoding", "offset"), source=v.get("source"),
-                            tensor=v.get("tensor"), cast=v.get("cast"))
+                            tensor=v.get("tensor"), cast=v.get("cast"), fill=v.get("fill"),
+                            shape=tuple(v.get("shape", ())), dtype=v.get("dtype"), template=template,
+                            for_each=for_each)
     loaded_node = m.require.get("loaded")
     loaded = tuple(LoadedPattern(KeyPattern.compile(p, label=loaded_node.at(i)), loaded_node.where(i))
                    for i, p in enumerate(loaded_node.value)) if loaded_node else ()

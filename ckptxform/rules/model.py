@@ -140,6 +140,20 @@ class AddEntry:
     source: str | None = None
     tensor: str | None = None
     cast: str | None = None
+    #: a constant (rules/constants.py): every element ``fill`` (a number or ``${...}``), of
+    #: ``shape`` (integers or ``${...}``) and ``dtype`` (a dtype name or ``${...}``; None:
+    #: the dtype of the output ``for_each`` matched)
+    fill: int | float | str | None = None
+    shape: tuple[int | str, ...] = ()
+    dtype: str | None = None
+    #: ``key`` as a template, written once per output key of the tensor rules that
+    #: ``for_each`` matches, with its bindings (None: ``key`` is one literal key)
+    template: Template | None = None
+    for_each: Template | None = None
+
+    @property
+    def is_constant(self) -> bool:
+        return self.fill is not None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import difflib
 import re
 from typing import Any
 
+from .constants import constant_problems
 from .expr import ExpressionError, Ref, is_expression, parse_expression
 from .extends import Merged, Node, inverse_config
 from .file_rules import entry_problems
@@ -137,6 +138,12 @@ def semantic_problems(m: Merged) -> list[Problem]:
     for key, node in m.named["add"].items():
         check_ref(node, ("vocab",), "vocabulary", vocabs)
         check_ref(node, ("source",), "source", sources)
+        if isinstance(node.value, dict) and "fill" in node.value:  # a constant (rules/constants.py)
+            for sub, problem in constant_problems(key, node.value):
+                report(node, sub, problem, key=not sub)
+            for name in ("fill", "shape", "dtype"):
+                for sub, problem in _reference_problems(node.value.get(name), (name,), sources, vocabs):
+                    report(node, sub, problem)
         if key in literal_outputs:
             report(node, (), f"output key {key!r} is also produced by {literal_outputs[key]}; "
                    "remove one of them", key=True)

@@ -32,6 +32,7 @@ from ckptxform.standins.hf_models import (
     build_meta_consolidated,
     build_moe,
     build_phi3,
+    build_qwen2,
 )
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
@@ -215,6 +216,11 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_moe(root / "Qwen3-30B-A3B", "qwen3_moe")),
         "qwen2_moe-family per-expert experts", "fused gate_up_proj/down_proj (transformers 5.x)",
         "Qwen2/3-MoE, DeepSeek-V2/V3, GLM-4-MoE, OLMoE, ...", _STRUCTURAL_CHECKS),
+    "qwen2_to_llama": RuleStandin(
+        lambda root: _model(build_qwen2(root / "Qwen2.5-7B-Instruct")),
+        "Qwen2 (q/k/v_proj biases, no o_proj bias)", "LlamaForCausalLM, attention_bias with zero o_proj biases",
+        "Qwen/Qwen2-*, Qwen/Qwen2.5-* (dense, tied or untied)",
+        "transformers' Qwen2ForCausalLM: the same logits; LlamaForCausalLM loads it strictly"),
     "speculators_to_eagle3": RuleStandin(
         _speculators_llama_drafter, "speculators layout (layers.0.*)", "native EAGLE-3 drafter (midlayer.*)",
         "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", _DRAFTER_CHECKS.split("; ")[0]

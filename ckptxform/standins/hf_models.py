@@ -21,7 +21,7 @@ from ckptxform.errors import UsageError
 from ckptxform.standins.tensors import TensorSpec, save_safetensors, seeded_values, write_json
 
 __all__ = ["GEMMA_TINY", "LM_TINY", "LmDims", "build_gemma", "build_gpt2", "build_llama", "build_meta_consolidated",
-           "build_moe", "build_phi3"]
+           "build_moe", "build_phi3", "build_qwen2"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,6 +163,23 @@ def build_moe(out_dir: str | Path, family: Literal["mixtral", "qwen3_moe"], dims
                                  num_experts_per_tok=2, moe_intermediate_size=d.intermediate,
                                  decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
                                  attention_bias=False, router_aux_loss_coef=0.001, output_router_logits=False)
+    return _write(Path(out_dir), specs, seed, config)
+
+
+def build_qwen2(out_dir: str | Path, dims: LmDims = LM_TINY, *, seed: int = 0, tied: bool = False) -> Path:
+    """Qwen2ForCausalLM as Qwen/Qwen2.5-7B-Instruct stores it: q/k/v_proj with biases, o_proj
+    without; ``tied``: as Qwen2.5-0.5B (no ``lm_head.weight``, ``tie_word_embeddings``)."""
+    d = dims
+    specs = _ends(d, lm_head=not tied)
+    for n in range(d.layers):
+        p = f"model.layers.{n}."
+        specs += _attention(p, d) + [TensorSpec(f"{p}self_attn.{name}.bias", (size * d.head_dim,), d.dtype, "linear")
+                                     for name, size in (("q_proj", d.heads), ("k_proj", d.kv_heads),
+                                                        ("v_proj", d.kv_heads))]
+        specs += _gated_mlp(f"{p}mlp.", d) + _layer_norms(p, d)
+    config = _decoder_config("Qwen2ForCausalLM", "qwen2", d, tied=tied, rope_theta=1000000.0, max_positions=32768,
+                             rms_norm_eps=1e-6, use_sliding_window=False, sliding_window=131072,
+                             max_window_layers=d.layers, layer_types=["full_attention"] * d.layers)
     return _write(Path(out_dir), specs, seed, config)
 
 

@@ -99,7 +99,9 @@ def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
         present = next((key for key in keys if pattern.fullmatch(key)), None)
         if present is not None and not declared:
             yield f"{flag} is false but output {present!r} is written: transformers would drop it as unexpected"
-        if present is None and declared and any(_LAYER_KEY.match(key) for key in keys):
+        # only when the layers it biases are written: a partial checkpoint (experts only) has none to bias
+        weights = re.compile(pattern.pattern.removesuffix(r"\.bias") + r"\.weight")
+        if present is None and declared and any(weights.fullmatch(key) for key in keys):
             yield f"{flag} is true but no such bias is written: transformers would initialise them at random"
 
 

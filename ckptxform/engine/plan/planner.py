@@ -25,6 +25,7 @@ from ...vocab.maps import Alignment, VocabMap
 from .config_builder import build_config
 from .cast_checks import check_quantized_casts
 from .config_checks import check_config
+from .constants import plan_constant
 from .quantize_checks import check_quantize
 from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
@@ -181,8 +182,9 @@ class _Planner:
         check_config_requirements(self.rules, None, self.ckpts, self.vocab, of_sources=True)
         for source in _matched_sources(self.rules):
             self._plan_matched_source(source)
+        rule_outputs = dict(self.outputs)  # what a constant's for_each matches
         for entry in self.rules.add.values():
-            self._plan_add(entry)
+            self._plan_add(entry, rule_outputs)
         self._check_ties()
         self._read_layout_source()
         check_requirements(self.rules, self.outputs, self.producer, self.ckpts[self.rules.convert].tensor_keys())
@@ -418,9 +420,15 @@ class _Planner:
                 raise PlanError(f"{label}: tie: {problem}", key=key)
 
     # -- add -----------------------------------------------------------------------------
-    def _plan_add(self, entry: AddEntry) -> None:
+    def _plan_add(self, entry: AddEntry, rule_outputs: dict[str, OutputPlan]) -> None:
         where = entry.where.short
         label = f"add.{entry.key} ({where})"
+        if entry.is_constant:  # engine/plan/constants.py; never loaded, like every add
+            assert self.rules.convert is not None
+            for out in plan_constant(entry, rule_outputs, self._references(self.rules.convert),
+                                     lambda dtype: self._out_dtype(dtype, None)):
+                self._add_output(out, label)
+            return
         if entry.vocab is not None:
             vmap = self.vocab[entry.vocab]
             assert entry.field is not None

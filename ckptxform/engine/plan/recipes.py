@@ -11,7 +11,8 @@ and the reports never switch on its type:
   outputs its runs read. A chain with a vocabulary row permutation (ops/rows.py) has its
   ``RowsOrigin`` (the audit's wording, its rows for a Hub prefetch);
 - ``BlockProgram``: a block op (transpose, dequant) decoding a bounded block at a time;
-- ``VocabField``: ``d2t``/``t2d`` of a vocabulary map.
+- ``VocabField``: ``d2t``/``t2d`` of a vocabulary map;
+- ``Constant``: every element one value (an ``add`` constant), made, never read.
 """
 
 from __future__ import annotations
@@ -444,6 +445,48 @@ class VocabField(Recipe):
 
     def describe(self) -> str:
         return f"vocab {self.vocab}.{self.field}"
+
+
+@dataclass(frozen=True)
+class Constant(Recipe):
+    """Every element the same value (an ``add`` constant): made, never read, and streamed
+    a bounded chunk at a time however large the tensor."""
+
+    #: one element's bytes in the output dtype, as hex (a plan is digested as JSON), and how
+    #: many elements
+    element: str
+    count: int
+    #: the value as the rule file gave it (after ``${...}``), for the audit
+    value: int | float
+
+    def __post_init__(self) -> None:  # what a job file someone edited may hold
+        try:
+            ok = len(bytes.fromhex(self.element)) > 0 and type(self.count) is int and self.count >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError("a constant is one element's bytes (hex) and a count of 0 or more")
+
+    @property
+    def inputs(self) -> tuple[TensorRef, ...]:
+        return ()
+
+    def origin(self) -> dict[str, Any]:
+        return {"created": "constant", "fill": self.value}
+
+    def stream(self, plan: Sources) -> Iterator[Chunk]:
+        element = bytes.fromhex(self.element)
+        per_chunk = max(1, CHUNK_BYTES // len(element))
+        block = element * min(per_chunk, self.count)
+        left = self.count
+        while left >= per_chunk:
+            yield block
+            left -= per_chunk
+        if left:
+            yield block[:left * len(element)]
+
+    def describe(self) -> str:
+        return f"created: constant {self.value!r}"
 
 
 @dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each

@@ -37,6 +37,7 @@ from ..plan.planner import Plan
 from ..plan.recipes import (
     BlockProgram,
     ByteProgram,
+    Constant,
     CopyTensor,
     OutputPlan,
     RowAccount,
@@ -158,7 +159,7 @@ def _header(info: TensorInfo) -> str:
 #: what a run plan holds, and nothing else decodes from a job's plan file
 CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
                OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
-               VocabField, TensorRef, View, Run, Block, Where],
+               VocabField, TensorRef, View, Run, Block, Where, Constant],
               ChainMap({FILL_ROWS.verb: FILL_ROWS}, OPS))  # fill_rows: made by permute_rows, not a verb of ops:
 
 
