@@ -154,3 +154,15 @@ def test_the_run_plan_written_in_pieces_is_the_whole_encoding(tmp_path: Path, mo
     assert len(written) == 1
     text, whole = written[0]
     assert text == whole + "\n" and '"type": "ShardPlan"' in text
+
+
+def test_the_plan_digest_hashed_by_item_is_the_whole_tree_digest(tmp_path: Path) -> None:
+    """run_digest hashes a plan's outputs and records an item at a time: the same sha256
+    as of the whole canonical tree (which an earlier output's audit may hold)."""
+    from ckptxform.engine.output import digest
+
+    the_plan, opened = plan_open(_many_tensors(tmp_path, 400))
+    opened.close()
+    decided = {"name": the_plan.rules.name, "output": the_plan.rules.output, "outputs": the_plan.outputs,
+               "records": the_plan.records, "config": the_plan.config, "files": the_plan.files}
+    assert digest.run_digest(the_plan).plan_sha256 == digest._sha256(digest._canonical(decided))

@@ -56,7 +56,7 @@ def run_digest(plan: Plan) -> RunDigest:
     """
     decided = {"name": plan.rules.name, "output": plan.rules.output, "outputs": plan.outputs,
                "records": plan.records, "config": plan.config, "files": plan.files}
-    plan_sha256 = _sha256(_canonical(decided))
+    plan_sha256 = _sha256_by_item(decided)
     files_read = {pin.path: pin.stamp for pin in plan.files_read()}
     commits = {name: record.commit for name, record in sorted(plan.sources.items())}
     whole = {"version": __version__, "plan": plan_sha256, "files_read": files_read, "commits": commits}
@@ -124,6 +124,36 @@ def _sha256(obj: Any) -> str:
 #: ``dataclasses.fields`` per value was most of hashing a 20,000-tensor plan)
 _FIELDS: dict[type, tuple[str, ...]] = {}
 _PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _sha256_by_item(obj: dict[str, Any]) -> str:
+    """``_sha256(_canonical(obj))``, with its tuples and lists canonicalized and hashed an
+    item at a time: a plan's outputs and records are one item a tensor, and the whole
+    canonical tree at 20,000 tensors was tens of MB held at once."""
+    sha = hashlib.sha256()
+
+    def text(value: Any) -> None:
+        sha.update(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                   .encode("utf-8", "surrogatepass"))
+
+    sha.update(b"{")
+    for i, key in enumerate(sorted(obj)):
+        if i:
+            sha.update(b",")
+        text(key)
+        sha.update(b":")
+        value = obj[key]
+        if isinstance(value, (list, tuple)):
+            sha.update(b"[")
+            for j, item in enumerate(value):
+                if j:
+                    sha.update(b",")
+                text(_canonical(item))
+            sha.update(b"]")
+        else:
+            text(_canonical(value))
+    sha.update(b"}")
+    return sha.hexdigest()
 
 
 def _canonical(value: Any) -> Any:
