@@ -126,8 +126,9 @@ def main() -> None:
     base = figures[0]
     for fig in figures[1:]:
         scale = fig["count"] / base["count"]  # type: ignore[operator]
-        growth = ", ".join(f"{name} {fig['results'][name]['wall'] / base['results'][name]['wall']:.1f}x"  # type: ignore[index]
-                           for name in fig["results"])  # type: ignore[union-attr]
+        results, base_results = fig["results"], base["results"]
+        growth = ", ".join(f"{name} {results[name]['wall'] / base_results[name]['wall']:.1f}x"  # type: ignore[index]
+                           for name in results)  # type: ignore[union-attr]
         print(f"\n{fig['count']:,} tensors cost, against {base['count']:,} ({scale:g}x the tensors): {growth}")
     if args.json:
         args.json.write_text(json.dumps({"counts": figures}, indent=2))

@@ -23,6 +23,10 @@ from ...errors import OutputError
 _PLAIN = frozenset({str, int, bool, float, type(None)})
 
 
+#: tuples, lists and dicts longer than this are written an item at a time by ``iter_json``
+_STREAMED_LENGTH = 64
+
+
 class Codec:
     def __init__(self, classes: Iterable[type], ops: Mapping[str, Any]) -> None:
         self._classes = {cls.__name__: cls for cls in classes}
@@ -47,9 +51,10 @@ class Codec:
 
     def iter_json(self, value: Any, stream: tuple[type, ...]) -> Iterator[str]:
         """``json.dumps(self.encode(value))`` in pieces: the dataclasses of ``stream`` and the
-        dicts holding them field by field and item by item, everything else whole. A run
-        plan is so held encoded one shard at a time, not whole (at 20,000 tensors the
-        whole was 60 MB, the peak of the run)."""
+        dicts holding them field by field and item by item, tuples, lists and dicts of more
+        than a few items item by item, everything else whole. A run plan is so held
+        encoded a tensor at a time, not whole (at 20,000 tensors the whole was 35-60 MB,
+        the peak of the run)."""
         kind = type(value)
         if kind in stream:
             yield '{"type": ' + json.dumps(kind.__name__) + ', "fields": {'
@@ -57,7 +62,12 @@ class Codec:
                 yield (", " if i else "") + json.dumps(field) + ": "
                 yield from self.iter_json(getattr(value, field), stream)
             yield "}}"
-        elif kind is dict and any(type(v) in stream for v in value.values()):
+        elif (kind is tuple or kind is list) and len(value) > _STREAMED_LENGTH:
+            yield '{"tuple": [' if kind is tuple else '{"list": ['
+            for i, v in enumerate(value):
+                yield (", " if i else "") + json.dumps(self.encode(v))
+            yield "]}"
+        elif kind is dict and (len(value) > _STREAMED_LENGTH or any(type(v) in stream for v in value.values())):
             yield '{"dict": ['
             for i, (k, v) in enumerate(value.items()):
                 yield (", [" if i else "[") + json.dumps(self.encode(k)) + ", "

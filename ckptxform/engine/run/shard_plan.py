@@ -167,8 +167,9 @@ def save_run_plan(job: JobDir, run: RunPlan) -> str:
     """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
     the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
     name = f"plan-{os.uname().nodename}-{os.getpid()}.json"
-    # what write_json(name, {"format": 1, "plan": CODEC.encode(run)}) writes, a shard at a time
-    path = job.write_pieces(name, _pieces('{"format": 1, "plan": ', CODEC.iter_json(run, (RunPlan, ShardPlan)), "}"))
+    # what write_json(name, {"format": 1, "plan": CODEC.encode(run)}) writes, a tensor at a time
+    body = CODEC.iter_json(run, (RunPlan, ShardPlan, ShardLayout))
+    path = job.write_pieces(name, _pieces('{"format": 1, "plan": ', body, "}"))
     # this process's tasks take ``run`` as it is: decoding what was just encoded cost a
     # sixth of a many-tensor rename (other processes, Ray's and --shard-of's, decode)
     _LOADED.clear()
