@@ -6,6 +6,7 @@ evaluates random chains with them. Each raises ``Invalid`` where the op has no m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -219,6 +220,24 @@ def ref_affine(t: torch.Tensor, verb: str, value: float, round_to: torch.dtype |
     x = t.to(compute)
     out = x + c if verb == "add" else x * c if verb == "multiply" else x / c
     return out.to(t.dtype)
+
+
+#: combine expressions over its input alone, and what each computes (in float32)
+COMBINE_EXPRESSIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "x * 0.5 - x / 3": lambda x: x * 0.5 - x / 3,
+    "-x + ${config.k * 2}": lambda x: -x + 3.0,
+    "(x @ x.T) / 4": lambda x: torch.matmul(x, x.T) / 4,
+    "x.T * x.T": lambda x: x.T * x.T,
+}
+
+
+def ref_combine(t: torch.Tensor, expr: str) -> torch.Tensor:
+    """``expr`` computed in float32 from ``t`` widened, rounded once to ``t``'s dtype."""
+    if not t.dtype.is_floating_point or t.dtype.itemsize == 1:
+        raise Invalid(f"combine of {t.dtype}")
+    if (".T" in expr or "@" in expr) and t.dim() != 2:
+        raise Invalid(f"{expr} of a rank-{t.dim()} tensor")
+    return COMBINE_EXPRESSIONS[expr](t.to(torch.float32)).to(t.dtype)
 
 
 def ref_reshape(t: torch.Tensor, shape: list[int]) -> torch.Tensor:

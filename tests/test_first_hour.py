@@ -134,4 +134,5 @@ def test_a_rule_that_does_not_fit_names_the_rules_that_would(tmp_path: Path, run
     assert proc.returncode == 1
     assert proc.stderr.rstrip().endswith(
         "; shipped rules that plan on it: bf16_to_fp8_block, bf16_to_fp8_dynamic, bf16_to_nvfp4, "
-        f"fp8_block_to_bf16, hf_llama_to_meta, tie_embeddings (ckptxform rules --for {model})"), proc.stderr
+        f"fp8_block_to_bf16, hf_llama_to_meta, peft_lora_merge, "
+        f"tie_embeddings (ckptxform rules --for {model})"), proc.stderr

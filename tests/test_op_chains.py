@@ -34,6 +34,8 @@ from op_references import (
     fp8_dequant,
     pack_nibbles,
     ref_affine,
+    COMBINE_EXPRESSIONS,
+    ref_combine,
     ref_concat,
     ref_concat_shards,
     ref_deinterleave,
@@ -320,7 +322,7 @@ def _draw_op(draw: Any, case: Case) -> None:
     rank, rows = len(shape), (shape[0] if shape else 0)
     wild = draw(st.integers(0, 9)) == 0
     choices = ["transpose", "rope_permute", "rope_unpermute", "qkv_interleave", "qkv_deinterleave", "resize_rows",
-               "permute_rows", "add", "multiply", "divide", "reshape", "concat_shards"]
+               "permute_rows", "add", "multiply", "divide", "reshape", "concat_shards", "combine"]
     reducible = [v for v in case.free if v != "T"]
     choices += [f"{verb} {v}" for v in reducible for verb in ("stack", "concat", "interleave", "merge_heads")]
     if "T" in case.free:
@@ -382,6 +384,10 @@ def _draw_op(draw: Any, case: Case) -> None:
         _apply(case, {"concat": {"over": var, "dim": d}}, lambda: _reduce(case, var, lambda ms, _: ref_concat(ms, d)))
     elif verb in ("add", "multiply", "divide"):
         _draw_affine(draw, case, verb)
+    elif verb == "combine":
+        expr = draw(st.sampled_from(sorted(COMBINE_EXPRESSIONS)))
+        case.config["k"] = 1.5
+        _apply(case, {"combine": {"expr": expr}}, lambda: _map(case, lambda t: ref_combine(t, expr)))
     elif verb == "reshape":
         _draw_reshape(draw, case, shape, wild)
     elif verb == "interleave":

@@ -53,6 +53,8 @@ SHIPPED = sorted(p.name for p in RULES.glob("*.yaml"))
 #: test_dcp_torchtitan and test_dcp_megatron
 TRAINER_RULES = ("megatron_gpt_to_hf.yaml", "megatron_moe_to_hf.yaml", "torchtitan_0_2_llama_to_hf.yaml",
                  "torchtitan_llama_to_hf.yaml")
+#: rules one of whose sources is what the user trained (an adapter), which no Hub repo holds: an example path
+OWN_OUTPUT_RULES = ("peft_lora_merge.yaml", "peft_lora_merge_fp8_block.yaml")
 DRAFTER_RULES = sorted(set(SHIPPED) - set(STRUCTURAL_RULES) - set(OWN_REFERENCE_RULES) - set(TRAINER_RULES))
 SCHEMA_LINE = "# yaml-language-server: $schema=../schemas/rules.schema.json"
 
@@ -285,7 +287,7 @@ def test_rule_validates_and_is_documented(name: str) -> None:
     assert rules.convert in rules.sources
     # Shipped rules name the real checkpoints (a trainer's own checkpoint, which no Hub repo
     # holds, an example path); stand-ins come in through --source.
-    assert all((spec.repo and not spec.path) or (spec.example and name in TRAINER_RULES)
+    assert all((spec.repo and not spec.path) or (spec.example and name in (*TRAINER_RULES, *OWN_OUTPUT_RULES))
                for spec in rules.sources.values()), rules.sources
 
 

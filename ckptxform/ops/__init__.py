@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .affine import Add, Divide, Multiply
+from .combine import Combine
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
 from .dequant_gguf import DequantGguf
@@ -48,6 +49,7 @@ OPS = OpRegistry({op.verb: op for op in (
     QuantizeFp8Block(), QuantizeFp8Channel(), QuantizeNvfp4(),
     ConcatShards(),
     DequantScaled(),
+    Combine(),
     DequantGguf(),
     GgufQuantize(),
 )})

@@ -226,6 +226,14 @@ class Context(ABC):
         dtype; a missing one is a plan error naming ``what`` asked for it."""
         raise NotImplementedError
 
+    def has_tensor(self, source: str, key: str) -> bool:
+        """Whether ``source`` has a tensor ``key`` (an op whose inputs may be absent asks)."""
+        raise NotImplementedError
+
+    def bound(self, var: str) -> str:
+        """The value of template variable ``var`` where the op stands; KeyError when unbound."""
+        raise NotImplementedError
+
     def block_input(self, block: Block) -> View:
         """A block op's output as one more input of the chain (runs of a view may point at it)."""
         raise NotImplementedError

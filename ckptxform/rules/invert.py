@@ -52,6 +52,9 @@ def invert_rules(rules: RuleSet, base_dir: str = ".") -> tuple[dict[str, Any], l
             if rule.skip is not None:
                 notes.append(f"not restored: {rule.label} skips {rule.match!r} ({rule.skip})")
                 continue
+            if rule.consumed is not None:
+                notes.append(f"not restored: {rule.label} consumes {rule.match!r} ({rule.consumed})")
+                continue
             if rule.tie is not None:
                 front.append(_untie(rule))
                 continue

@@ -138,13 +138,15 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
                 index=index, where=node.where(), match=v["key"], skip=v.get("skip"),
                 pattern=KeyPattern.compile(parsed.key.regex.pattern, label=node.at("key")),
                 cast=v.get("cast"), optional=v.get("optional", False), template=parsed.key, to=parsed.to,
-                ops=parsed.steps, tie=v.get("tie"), source=v.get("source")))
+                ops=parsed.steps, tie=v.get("tie"), source=v.get("source"),
+                consumed=v.get("consumed")))
             continue
         tensors.append(TensorRule(
             index=index, where=node.where(), match=v["match"],
             pattern=KeyPattern.compile(v["match"], label=node.at("match")),
             rename=v.get("rename"), skip=v.get("skip"), ops=_rule_level_ops(node),
-            cast=v.get("cast"), optional=v.get("optional", False), tie=v.get("tie"), source=v.get("source")))
+            cast=v.get("cast"), optional=v.get("optional", False), tie=v.get("tie"), source=v.get("source"),
+            consumed=v.get("consumed")))
     add = {}
     for key, node in m.named["add"].items():
         v = node.value

@@ -87,6 +87,8 @@ class TensorRule:
     tie: str | None = None
     #: the source whose tensors it matches (None: the ``convert`` source)
     source: str | None = None
+    #: not written: an op of another rule reads it (``consumed``), which the plan checks
+    consumed: str | None = None
 
     @property
     def label(self) -> str:
@@ -113,7 +115,7 @@ class TensorRule:
         """The output key for a matching source ``key`` (None when skipped, tied, not matched,
         or a template rule with ops or several outputs)."""
         binding = self.binding(key)
-        if binding is None or self.skip is not None or self.tie is not None:
+        if binding is None or self.skip is not None or self.tie is not None or self.consumed is not None:
             return None
         if self.template is not None:
             return self.to[0].expand(binding) if not self.ops and len(self.to) == 1 else None

@@ -24,6 +24,7 @@ LABELS = {
     "consolidated": "Meta consolidated.NN.pth (model-parallel shards)",
     "gguf": "GGUF (llama.cpp)",
     "assets": "config and tokenizer files, no weights",
+    "peft_adapter": "PEFT LoRA adapter (adapter_config.json + adapter_model)",
     "unknown": "no checkpoint found",
 }
 _CONSOLIDATED = re.compile(r"consolidated\.(\d\d)\.pth")
@@ -49,6 +50,8 @@ def detect_kind(path: Path) -> CheckpointKind:
         suffix = ".safetensors" if path.name.endswith((".safetensors", ".safetensors.index.json")) else None
         return CheckpointKind("safetensors" if suffix else "bin", str(path), "")
     names = {p.name for p in path.iterdir()}
+    if "adapter_config.json" in names:
+        return CheckpointKind("peft_adapter", str(path), "")
     if ".metadata" in names:
         ranks = sorted(n for n in names if n.endswith(".distcp"))
         detail = f"{len(ranks)} .distcp file(s)"

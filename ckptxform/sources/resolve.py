@@ -138,6 +138,10 @@ def _open_path(path: str, name: str | None) -> Checkpoint:
         opened = _open_with_plugin(path, name)
         if opened is not None:
             return opened
+    if kind == "peft_adapter":
+        from .peft_adapter import open_peft_adapter
+
+        return open_peft_adapter(path, name=name)
     if kind in ("torch_dist", "megatron"):
         from .torch_dist import open_torch_dist
 

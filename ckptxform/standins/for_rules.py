@@ -25,6 +25,7 @@ from ckptxform.standins.gguf_models import build_llama_gguf
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
+    LM_TINY as LLAMA_DIMS_FOR_LORA,
     LmDims,
     build_gemma,
     build_gpt2,
@@ -34,6 +35,7 @@ from ckptxform.standins.hf_models import (
     build_phi3,
     build_qwen2,
 )
+from ckptxform.standins.lora import build_lora_adapter
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
@@ -135,6 +137,15 @@ def _model(path: Path | str) -> dict[str, str]:
     return {"model": str(path)}
 
 
+def _lora(root: Path) -> dict[str, str]:
+    """A Llama base and an rsLoRA adapter with a rank pattern, an alpha pattern and modules_to_save."""
+    base = build_llama(root / "Llama-3.1-8B-Instruct")
+    adapter = build_lora_adapter(root / "lora-adapter", LLAMA_DIMS_FOR_LORA, r=4, alpha=16, use_rslora=True,
+                                 rank_pattern={"layers.1.self_attn.q_proj": 6}, alpha_pattern={"down_proj": 3},
+                                 modules_to_save=("lm_head",))
+    return {"base": str(base), "adapter": str(adapter)}
+
+
 _DRAFTER_CHECKS = "the key set SGLang's llama_eagle3 loader places; speculators 0.9 loads it (tests/test_consumers.py)"
 _STRUCTURAL_CHECKS = "transformers 5.x: loads it strictly, same bytes as its own save, same logits"
 _QUANTIZE_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
@@ -145,6 +156,20 @@ _QUANTIZE_TINY = LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400)
 
 def _bf16_llama(root: Path) -> dict[str, str]:
     return _model(build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY))
+
+def _lora_fp8_block(root: Path) -> dict[str, str]:
+    """An FP8_BLOCK base (the bf16 stand-in through bf16_to_fp8_block) and a LoRA adapter of it."""
+    from ckptxform import api
+    from ckptxform.rules.library import shipped_rule_path
+
+    bf16 = build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY)
+    base = root / "Qwen3-8B-FP8-block"
+    api.apply(str(shipped_rule_path("bf16_to_fp8_block")), out=base, sources={"model": str(bf16)}, progress=False)
+    adapter = build_lora_adapter(root / "lora-adapter", _QUANTIZE_TINY, r=8, alpha=16,
+                                 targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                 modules_to_save=("lm_head",))
+    return {"base": str(base), "adapter": str(adapter)}
+
 
 STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25": RuleStandin(
@@ -185,12 +210,22 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "peft_lora_merge": RuleStandin(
+        _lora, "HF model + PEFT LoRA adapter folder (plain or rsLoRA, rank/alpha patterns, modules_to_save)",
+        "the merged model (W + B @ A * scale, in float32, rounded once)", "any LoRA adapter of a Llama/Qwen/Mistral "
+        "base (peft 0.18 save_pretrained)", "peft 0.18's merge_and_unload() + save_pretrained, bit for bit (bf16 and "
+        "float32 bases); transformers loads it strictly"),
     "gguf_to_hf": RuleStandin(
         lambda root: _model(build_llama_gguf(root / "Meta-Llama-3.1-8B-Instruct-GGUF" / "model-Q4_K.gguf",
                                              qtype="Q4_K")),
         "Llama GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF LlamaForCausalLM float32",
         "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), one file or a split set",
         "transformers' from_pretrained(gguf_file=): every tensor bit for bit, on each block format"),
+    "peft_lora_merge_fp8_block": RuleStandin(
+        _lora_fp8_block, "FP8 block-quantized model (compressed-tensors FP8_BLOCK) + PEFT LoRA adapter folder",
+        "the merged model, FP8_BLOCK again (scales recomputed)", "LoRA adapters of llm-compressor FP8_BLOCK "
+        "models and bf16_to_fp8_block outputs", "peft 0.18's merge_and_unload() on the dequantized base, then "
+        "bf16_to_fp8_block, bit for bit"),
     "llava_to_text": RuleStandin(
         lambda root: _model(build_llava(root / "llava-1.5-7b-hf")),
         "Llava VLM (language_model.*, vision_tower.*, text_config)", "text-only LlamaForCausalLM",

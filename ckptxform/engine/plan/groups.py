@@ -43,6 +43,8 @@ class PlannerAccess(Protocol):
 
     def lend(self, source: str, info: TensorInfo, where: str, reason: str) -> None: ...
 
+    def has_tensor(self, source: str, key: str, why: str) -> bool: ...
+
 
 @dataclass(frozen=True)
 class PlannedOutput:
@@ -94,6 +96,12 @@ class _StepContext(Context):
 
     def block_input(self, block: Block) -> View:
         return self._chain.hold(block)
+
+    def has_tensor(self, source: str, key: str) -> bool:
+        return self._chain.access.has_tensor(source, key, self.label)
+
+    def bound(self, var: str) -> str:
+        return dict(self._binding)[var]
 
     def lend(self, source: str, key: str, arg: str, reason: str) -> None:
         info = self._chain.access.tensor(source, key, self.label)

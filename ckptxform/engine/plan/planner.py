@@ -172,6 +172,8 @@ class _Planner:
         self.alignments: dict[str, Alignment] = {}
         self.vocab_files: dict[str, FilePin] = {}
         self.ties: list[tuple[str, str, str, str]] = []
+        #: tensors a rule says an op reads (``consumed``), checked once every rule has run
+        self.consumed: list[tuple[str, TensorInfo, TensorRule]] = []
         self._references_of: dict[str, References] = {}
 
     # -- entry ---------------------------------------------------------------------------
@@ -185,6 +187,7 @@ class _Planner:
         rule_outputs = dict(self.outputs)  # what a constant's for_each matches
         for entry in self.rules.add.values():
             self._plan_add(entry, rule_outputs)
+        self._check_consumed()
         self._check_ties()
         self._read_layout_source()
         check_requirements(self.rules, self.outputs, self.producer, self.ckpts[self.rules.convert].tensor_keys())
@@ -312,7 +315,7 @@ class _Planner:
             if rule is None:
                 self._record(source, info, "skipped", None, None, "no rule matches (require.strict: false)")
                 continue
-            if rule.skip is not None or rule.tie is not None:
+            if rule.skip is not None or rule.tie is not None or rule.consumed is not None:
                 self._plan_tie_or_skip(source, info, rule)
             elif rule.template is None:  # binds the whole key: a group of one, complete now
                 self._plan_rule(source, rule, [info])
@@ -347,6 +350,9 @@ class _Planner:
         where = rule.where.short
         if rule.skip is not None:
             self._record(source, info, "skipped", None, where, rule.skip)
+            return
+        if rule.consumed is not None:  # checked once every rule has run (_check_consumed)
+            self.consumed.append((source, info, rule))
             return
         assert rule.tie is not None
         self.ties.append((source, info.key, rule.tie, rule.label))
@@ -412,6 +418,24 @@ class _Planner:
 
     def lend(self, source: str, info: TensorInfo, where: str, reason: str) -> None:
         self._record(source, info, "rows", None, where, reason)
+
+    def has_tensor(self, source: str, key: str, why: str) -> bool:
+        if source not in self.ckpts:
+            raise PlanError(f"{why}: no source named {source!r} is open (declared: {', '.join(self.rules.sources)}); "
+                            "name a source of the rule file's sources", source=source)
+        return key in self.ckpts[source].tensors
+
+    def _check_consumed(self) -> None:
+        """Each tensor a rule says is ``consumed`` was read by an op (it lent its bytes)."""
+        for source, info, rule in self.consumed:
+            earlier = self.records.get((source, info.key))
+            if earlier is None or earlier.action != "rows":
+                raise PlanError(f"{rule.label}: {source}:{info.key} is consumed ({rule.consumed}), but no op of the "
+                                "rules read it: the tensor it belongs with is missing or named otherwise; correct "
+                                "the keys, or skip it with its reason if dropping it is intended",
+                                source=source, key=info.key)
+            self.records[(source, info.key)] = TensorRecord(source, info.key, "consumed", None, info.shape, info.dtype,
+                                                            rule.where.short, f"{rule.consumed}; {earlier.reason}")
 
     def _check_ties(self) -> None:
         for source, key, target, label in self.ties:

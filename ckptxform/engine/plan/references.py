@@ -7,6 +7,7 @@ config) and the config builder (``config.set``: ``config`` is the config it star
 from __future__ import annotations
 
 import copy
+import re
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from ...sources.resolve import hub_location
 from ...vocab.maps import VocabMap
 
 MISSING = object()
+_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: the keys whose whole shape is being worked out (concat_shards arguments reading their own)
 _WHOLE_SHAPES_BEING_READ: set[str] = set()
 
@@ -74,6 +76,8 @@ class References:
         return result
 
     def resolve(self, ref: Ref, where: str, text: str) -> Any:
+        if ref.kind in ("config", "source") and any("{" in part for part in ref.path):
+            ref = Ref(ref.kind, self._bound_path(ref.path, where, text), ref.dim)
         if ref.kind == "config":
             value = get_path(self.config or {}, ".".join(ref.path))
             if value is MISSING:
@@ -90,6 +94,17 @@ class References:
         if ref.kind == "source":
             return self._source(*ref.path)
         return self.rules.output.dtype
+
+    def _bound_path(self, path: tuple[str, ...], where: str, text: str) -> tuple[str, ...]:
+        """A config path with its ``{VAR}`` parts replaced by the rule's binding (a variable
+        binding dotted names, ``{X*}``, makes several parts): ``lora_scaling.{X}``."""
+        out: list[str] = []
+        for part in path:
+            try:
+                out.extend(_VARIABLE.sub(lambda m: self.binding[m.group(1)], part).split("."))
+            except KeyError as err:
+                raise PlanError(f"{where}: {text}: {{{err.args[0]}}} is not a variable this rule binds") from None
+        return tuple(out)
 
     def _shape(self, ref: Ref, where: str, text: str) -> int:
         source = self.rules.convert

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckptxform.errors import (
     CheckpointFormatError,
@@ -92,6 +92,9 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 _T = TypeVar("_T")
 
+if TYPE_CHECKING:
+    from ..peft_adapter import PeftAdapter
+
 
 def parse_hub_location(loc: str) -> tuple[str, str | None] | None:
     """``(repo_id, revision)`` for ``hf://ORG/NAME[@REV]`` and ``ORG/NAME[@REV]``, else
@@ -121,9 +124,10 @@ def open_hub(
     location: str | None = None,
     require_pinned: bool = False,
     retry: Retry = Retry(),
-) -> HubCheckpoint:
+) -> HubCheckpoint | PeftAdapter:
     """Resolve ``revision`` to a commit and index the repo's safetensors from the index
-    and headers, transferring no weight byte. ``name`` is the source's name in the rule
+    and headers, transferring no weight byte (a PEFT adapter repo: its
+    ``adapter_model.safetensors``, read as ``peft_adapter.PeftAdapter``). ``name`` is the source's name in the rule
     file (used in messages); ``require_pinned`` refuses a branch or tag.
 
     >>> ckpt = open_hub("AQ-MedAI/Kimi-K25-eagle3", name="target_vocab")  # doctest: +SKIP
@@ -140,11 +144,19 @@ def open_hub(
     )
     try:
         ckpt._open(require_pinned=require_pinned)
+        if ckpt.files == (ADAPTER_WEIGHTS,):
+            from ..peft_adapter import hub_adapter
+
+            return hub_adapter(ckpt, name)
     except CkptxformError as err:
         err.source = err.source or name
         ckpt.close()
         raise
     return ckpt
+
+
+#: the weights of a PEFT adapter repo (beside adapter_config.json)
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 class HubCheckpoint(LazyShards):
@@ -313,6 +325,12 @@ class HubCheckpoint(LazyShards):
             self.files = tuple(sorted(set(weight_map.values())))
             self.tensors = LazyTensors(weight_map, self.files, self._shard_tensors)
             return
+        if single is None:  # a PEFT adapter repo keeps its weights under another name
+            single = self._header(ADAPTER_WEIGHTS, missing_ok=True)
+            if single is not None:
+                self.files = (ADAPTER_WEIGHTS,)
+                self.tensors = {t.key: t for t in single}
+                return
         if single is None:
             raise EntryNotFoundError(
                 f"{self._who()}: commit {self.commit} has neither {SAFETENSORS_INDEX} nor "
