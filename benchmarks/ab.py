@@ -33,7 +33,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import HEADLINE, PY, RENAME_RULE, measure, parse_size, warm  # noqa: E402
+from bench import HEADLINE, RENAME_RULE  # noqa: E402
+from harness import PY, measure, parse_size, warm  # noqa: E402
 from synthetic import build_benchmark_sources  # noqa: E402
 
 

@@ -21,24 +21,23 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from synthetic import build_benchmark_sources, build_sparse_verifier, write_safetensors, Tensor  # noqa: E402
+from harness import PY, compile_ckptxform, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
 import structural_bench  # noqa: E402
 import dcp_bench  # noqa: E402
+import quantize_bench  # noqa: E402
 
 REPO = HERE.parent
 HEADLINE = REPO / "rules" / "aqmedai_k2_to_k25.yaml"
-PY = sys.executable
 
 RENAME_RULE = """version: 1
 name: rename-only
@@ -100,86 +99,6 @@ out["lm_head.weight"] = torch.stack(rows)
 out["d2t"], out["t2d"] = tv["d2t"], tv["t2d"]
 save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
 """
-
-
-@dataclass
-class Result:
-    name: str
-    walls: list[float]
-    rss: list[int]
-
-    @property
-    def wall(self) -> float:
-        return statistics.median(self.walls)
-
-    @property
-    def best(self) -> float:
-        return min(self.walls)
-
-    @property
-    def peak_mb(self) -> float:
-        return max(self.rss) / 1024
-
-
-def paired_ratio(a: Result, b: Result) -> float:
-    """The median over repetitions of a's time / b's time in the same repetition: on a
-    shared machine whose speed drifts, runs measured minutes apart compare nothing."""
-    return statistics.median(x / y for x, y in zip(a.walls, b.walls, strict=True))
-
-
-def measure(argv: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one command. GNU time reports the RSS: a child
-    forked from this Python process would count the parent's pages as its own."""
-    with tempfile.NamedTemporaryFile("r") as rss_file:
-        start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *argv],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode()}")
-        return wall, int(rss_file.read().split()[-1])
-
-
-def warm(path: Path) -> None:
-    for f in sorted(path.rglob("*")):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                while fh.read(1 << 24):
-                    pass
-
-
-def compile_ckptxform() -> None:
-    """Write ckptxform's bytecode (the contenders' libraries, from pip, already have theirs)."""
-    import compileall
-    import importlib.util
-
-    spec = importlib.util.find_spec("ckptxform")
-    assert spec is not None and spec.submodule_search_locations
-    for location in spec.submodule_search_locations:
-        compileall.compile_dir(location, quiet=1)
-
-
-def parse_size(text: str) -> int:
-    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-    for unit, factor in units.items():
-        if text.upper().endswith(unit):
-            return int(float(text[: -len(unit)]) * factor)
-    return int(text)
-
-
-def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Path, reps: int) -> dict[str, Result]:
-    results = {name: Result(name, [], []) for name in contenders}
-    for rep in range(reps):
-        order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
-        for name in order:
-            out = work / f"out-{name.replace(' ', '_')}"
-            shutil.rmtree(out, ignore_errors=True)
-            subprocess.run(["sync"], check=True)
-            wall, rss = measure(contenders[name](out))
-            results[name].walls.append(wall)
-            results[name].rss.append(rss)
-            shutil.rmtree(out, ignore_errors=True)
-    return results
 
 
 def io_probe(args: list[str]) -> dict[str, float]:
@@ -418,8 +337,6 @@ def main() -> None:
         if not args.skip_structural:
             report += structural_scenario(work, parse_size(args.size), args.reps, figures)
         if not args.skip_quantize:
-            import quantize_bench  # imports this module: not at the top
-
             lines, figures["quantize"] = quantize_bench.run(parse_size(args.size), args.reps, work)
             report += ["", *lines]
         if not args.skip_mp:

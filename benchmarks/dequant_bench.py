@@ -45,7 +45,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
+from harness import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
 import mxfp4_source  # noqa: E402
 
 REPO = HERE.parent

@@ -102,7 +102,7 @@ def rss_lines(work: Path, rule: Path, python: str) -> list[str]:
     and 32 experts of one layer: gate_up_proj [E, 2880, 5760] bf16)."""
     import shutil
 
-    from bench import measure, warm
+    from harness import measure, warm
 
     lines = ["## peak RSS against tensor size (MXFP4, one layer, --no-fsync)", "",
              "| largest tensor (bf16 out) | wall (s) | GB/s of output | peak RSS (MB) |", "|---|---|---|---|"]

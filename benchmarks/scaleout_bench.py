@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import PY, Result, measure, paired_ratio, parse_size, warm  # noqa: E402
+from harness import PY, Result, measure, paired_ratio, parse_size, warm  # noqa: E402
 from synthetic import Tensor, build_benchmark_sources, write_safetensors  # noqa: E402
 
 RULE = """version: 1

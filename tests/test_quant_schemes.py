@@ -68,9 +68,10 @@ def int4(**weights: Any) -> dict[str, Any]:
                                         "dequantizes pack-quantized int4"),
     ({**int4(), "format": "float-quantized"}, "q.config_groups.group_0: format 'float-quantized' is not "
                                               "'pack-quantized'"),
-    (int4(num_bits=8), "q.config_groups.group_0.weights.num_bits is 8; only num_bits 4 is supported (int4, per group)"),
-    (int4(strategy="channel"), "q.config_groups.group_0.weights.strategy is 'channel'; only strategy 'group' is "
-                               "supported (int4, per group)"),
+    (int4(num_bits=8), "q.config_groups.group_0.weights.num_bits is 8; only num_bits 4 is supported (int4, per "
+                       "group or channel)"),
+    (int4(strategy="tensor"), "q.config_groups.group_0.weights.strategy is 'tensor'; only strategy 'group' or "
+                              "'channel' is supported (int4, per group or channel)"),
     (int4(group_size=None), "q.config_groups.group_0.weights.group_size is None, not a positive integer"),
     ({**int4(), "config_groups": {}}, "q.config_groups is {}; it must name at least one group"),
     ({**int4(), "ignore": "lm_head"}, "q.ignore is 'lm_head', not a list of strings"),

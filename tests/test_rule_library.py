@@ -145,6 +145,14 @@ def _bf16_llama(root: Path) -> Scenario:
     return Scenario({"model": str(model)}, keys, "model")
 
 
+def _bf16_llama_int4(root: Path) -> Scenario:
+    """Widths of whole int4 groups of 128 (W4A16 refuses others), GQA."""
+    from ckptxform.standins.hf_models import LmDims, build_llama
+
+    model = build_llama(root / "Qwen3-8B-bf16", LmDims(hidden=256, heads=4, kv_heads=2, intermediate=384), seed=14)
+    return Scenario({"model": str(model)}, frozenset(read_output(model)), "model")
+
+
 def _scaled_llama(scheme: str) -> Callable[[Path], Scenario]:
     def build(root: Path) -> Scenario:
         from ckptxform.standins.scaled import build_scaled_llama
@@ -158,7 +166,8 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 
 #: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
-                  "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml")
+                  "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml",
+                  "bf16_to_w4a16.yaml", "bf16_to_w4a16_asym.yaml")
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
@@ -178,6 +187,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "bf16_to_fp8_block.yaml": _bf16_llama,
     "bf16_to_fp8_dynamic.yaml": _bf16_llama,
     "bf16_to_nvfp4.yaml": _bf16_llama,
+    "bf16_to_w4a16.yaml": _bf16_llama_int4,
+    "bf16_to_w4a16_asym.yaml": _bf16_llama_int4,
     "fp8_to_bf16.yaml": _FP8_SCALED,
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
     "mtp_extract.yaml": lambda root: _qwen3_next(root),

@@ -106,7 +106,7 @@ def _unread_text(plan: Plan) -> list[str]:
 
 def _files_text(plan: Plan) -> list[str]:
     files = plan.files
-    if not plan.rules.file_rules:
+    if not plan.rules.file_rules and not files.copies:  # no files section, and no loader file to carry
         return []
     left = sum(n for _, n in files.unmatched)
     lines = [f"files: {len(files.copies)} copied, {len(files.skips)} skipped, {left} other file(s) not copied"]

@@ -32,6 +32,7 @@ from .layout import (
     Unstack,
 )
 from .quantize import QuantizeFp8Block, QuantizeFp8Channel, QuantizeNvfp4
+from .quantize_int4 import QuantizeW4A16
 from .resize import ResizeRows
 from .rows import PermuteRows
 from .shards import ConcatShards
@@ -52,6 +53,7 @@ OPS = OpRegistry({op.verb: op for op in (
     Combine(),
     DequantGguf(),
     GgufQuantize(),
+    QuantizeW4A16(),
 )})
 
 

@@ -174,6 +174,8 @@ class DequantInt4(_Dequant):
                             "pack-quantized int4 needs I32 [rows, cols/8], a float [rows, cols/group] and an "
                             "integer [2]", key=ctx.key("weight_packed"))
         rows, words = packed.shape
+        if group == 0:  # per channel: one group the row's width, whole words (weight_shape checks it when run)
+            group = words * 8
         cols = scale.shape[1] * group
         if scale.shape[0] != rows or words != -(-cols // 8):
             raise ctx.error(f"{ctx.key('weight_scale')!r} {list(scale.shape)} with group_size {group} ({path}) "

@@ -104,9 +104,10 @@ class _Quantize(BlockOp):
                 return [("weight", value)]
         except (regex.error, TimeoutError) as err:
             raise ctx.error(f"{self.verb}: a targets/ignore pattern is not a usable regex ({err}); fix it") from None
-        if names is not None and not set(self.parts) <= set(names):
+        parts = self.part_names(args)
+        if names is not None and not set(parts) <= set(names):
             raise ctx.error(f"{self.verb}: 'to' must enumerate {args['into']} with the parts it writes: "
-                            f"{{{args['into']}:{','.join(('weight',) + tuple(p for p in self.parts if p != 'weight'))}}}")
+                            f"{{{args['into']}:{','.join(('weight',) + tuple(p for p in parts if p != 'weight'))}}}")
         if value.dtype not in WEIGHT_DTYPES or len(value.shape) != 2 or value.shape[1] == 0:
             raise ctx.error(f"{key!r} is {value.dtype} {list(value.shape)}: {self.verb} quantizes 2-D BF16, F16 or "
                             f"F32 weights with columns; add {key.rpartition('.')[0]!r} to ignore (or narrow targets)", key=key)
@@ -114,6 +115,10 @@ class _Quantize(BlockOp):
 
     def _parts(self, args: Any, ctx: Context, key: str, value: View) -> list[tuple[str, Value]]:
         raise NotImplementedError
+
+    def part_names(self, args: Any) -> tuple[str, ...]:
+        """The tensors a quantized weight becomes (``to`` must name each)."""
+        return self.parts
 
     def kept_reason(self, args: Any, key: str) -> str | None:
         return kept(args, key)

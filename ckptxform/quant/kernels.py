@@ -20,12 +20,14 @@ tensor's size. Each function checks the sizes it is given and never reads past t
   (ModelOpt's ``weight_scale_2``) or divided by (compressed-tensors' reciprocal
   ``weight_global_scale``) the global scale, rounded once to float32 (``nvfp4_scales``).
 
-Where a scale covers many codes (FP8 blocks of 2,048 values or more, int4 groups of 32 or
-more, every NVFP4 tensor), a block is one gather from a table of output values made by
-the arithmetic kernel for each (code, scale) pair (quant/tables.py): one pass over the
-block, on every install. Elsewhere two arithmetic backends give the same bytes
-(tests/test_numeric_backends.py): ``torch_kernels`` where torch is installed,
-``numpy_kernels`` elsewhere (the light install). Each decodes a block in a per-thread
+Two arithmetic backends give the same bytes (tests/test_numeric_backends.py):
+``torch_kernels`` where torch is installed, ``numpy_kernels`` elsewhere (the light
+install). Where a scale covers many codes (FP8 blocks of 2,048 values or more, int4 groups
+of 128, every NVFP4 tensor), a block is one gather from a table of output values made by
+the numpy kernel for each (code, scale) pair (quant/tables.py): NVFP4 on every install,
+FP8 and int4 where the backend is numpy's (``GATHERS_TABLES``). This module is the
+dispatcher: it imports the backends and the tables, and they import only the leaves
+(``layouts``, ``float_bits``, ``fp4``, ``torch_buffers``), never this module. Each decodes a block in a per-thread
 scratch buffer the size of one block: no full-size float32 copy of the tensor. NaN stays
 NaN (one quiet NaN per output dtype). numpy and torch are imported when a block runs:
 importing this module costs nothing to ``validate`` or ``plan``.
@@ -37,6 +39,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..dtypes import DTYPE_SIZES
+from .float_bits import NAN_BITS, np_errors_ignored, nvfp4_scales, quiet_nans
 from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 if TYPE_CHECKING:
@@ -76,7 +79,7 @@ def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
     if int(codes.max(initial=0)) == 0xFF or int(codes.view(np.int8).max(initial=0)) == 0x7F:  # two fast reductions
         nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)  # the NaN bytes 0x7F/0xFF
     with np_errors_ignored():  # inf and NaN scales make inf and NaN values, not errors
-        out = backend().fp8(weight, scale_inv, layout, rows, out_dtype, nan)
+        out = _fp8_block(weight, scale_inv, layout, rows, out_dtype, nan)
     return _canonical_nans(out, out_dtype, nan is not None or not _finite(scale_inv, "F32"))
 
 
@@ -104,7 +107,7 @@ def dequant_int4_rows(packed: Buffer, scale: Buffer, layout: Int4Groups, *,
         _expect(len(zero_point), layout.zero_point_rows(rows) * layout.groups * 4, "I32 weight_zero_point rows")
     _check_out(out_dtype)
     with np_errors_ignored():
-        out = backend().int4(packed, scale, layout, rows, zero_point, out_dtype)
+        out = _int4_block(packed, scale, layout, rows, zero_point, out_dtype)
     return _canonical_nans(out, out_dtype, not _finite(scale, layout.scale_dtype))
 
 
@@ -158,20 +161,6 @@ def dequant_nvfp4_rows(packed: Buffer, scale: Buffer, global_scale: float, layou
     return memoryview(out.reshape(-1).view(np.uint8)).toreadonly()
 
 
-def nvfp4_scales(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
-    """The F32 scale of each NVFP4 group: the e4m3 ``scale`` bytes widened (exact), then
-    divided by (compressed-tensors) or multiplied by (ModelOpt) the float32 ``global_scale``,
-    rounded once to float32: what both libraries compute before the codes are scaled."""
-    import numpy as np
-
-    from .numpy_kernels import e4m3_values
-
-    s = e4m3_values(scale)
-    g = np.float32(global_scale)
-    with np_errors_ignored():
-        return (s / g if divide else s * g).astype(np.float32).tobytes()
-
-
 def nvfp4_largest_scale(scale: Buffer, global_scale: float, *, divide: bool) -> bytes:
     """The F32 bytes of the group scale of largest magnitude that ``nvfp4_scales`` makes of
     ``scale`` (empty for no scales; not finite where any of them is not), which is all a
@@ -201,6 +190,28 @@ def backend() -> Any:
     return numpy_kernels
 
 
+def _fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
+               nan: np.ndarray | None) -> np.ndarray:
+    kernels = backend()
+    if kernels.GATHERS_TABLES:
+        from . import tables
+
+        if tables.fp8_worth_it(layout, rows):
+            return tables.fp8_block(weight, scale_inv, layout, rows, out_dtype)
+    return kernels.fp8(weight, scale_inv, layout, rows, out_dtype, nan)
+
+
+def _int4_block(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
+                out_dtype: str) -> np.ndarray:
+    kernels = backend()
+    if kernels.GATHERS_TABLES:
+        from . import tables
+
+        if tables.int4_worth_it(layout):
+            return tables.int4_groups(packed, scale, layout, rows, zero_point, out_dtype)
+    return kernels.int4(packed, scale, layout, rows, zero_point, out_dtype)
+
+
 def tensor_view(raw: Buffer, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """A numpy array over ``raw`` (no copy), for tests and callers that need values."""
     import numpy as np
@@ -213,16 +224,11 @@ def tensor_view(raw: Buffer, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
 #: the dtypes a weight_scale of int4 may have
 SCALE_DTYPES = ("F32", "F16", "BF16")
 
-#: per output dtype: the unsigned view, the bits below the sign, the infinity's bits, a quiet NaN
-_NAN_BITS = {"BF16": ("<u2", 0x7FFF, 0x7F80, 0x7FC0), "F16": ("<u2", 0x7FFF, 0x7C00, 0x7E00),
-             "F32": ("<u4", 0x7FFFFFFF, 0x7F800000, 0x7FC00000)}
-
-
 def _finite(raw: Buffer, dtype: str) -> bool:
     """Whether every F32/F16/BF16 value in ``raw`` is finite (a scale row: small)."""
     import numpy as np
 
-    view, magnitude, inf, _ = _NAN_BITS[dtype]
+    view, magnitude, inf, _ = NAN_BITS[dtype]
     return bool(((np.frombuffer(raw, dtype=view) & magnitude) < inf).all())
 
 
@@ -233,19 +239,6 @@ def _canonical_nans(out: np.ndarray, out_dtype: str, maybe: bool) -> memoryview:
     if maybe:
         quiet_nans(out, out_dtype)
     return memoryview(out).toreadonly()
-
-
-def quiet_nans(out: np.ndarray, out_dtype: str) -> None:
-    """Make every NaN of ``out`` (``out_dtype`` values, any view) the dtype's one quiet NaN, in place."""
-    view, magnitude, inf, nan = _NAN_BITS[out_dtype]
-    bits = out.view(view)
-    bits[(bits & magnitude) > inf] = nan
-
-
-def np_errors_ignored() -> Any:
-    import numpy as np
-
-    return np.errstate(all="ignore")
 
 
 def _check_out(out_dtype: str) -> None:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+from .float_bits import np_errors_ignored
 from .fp4 import e2m1_table
-from .kernels import OUTPUT_DTYPES, Buffer, np_errors_ignored
+from .kernels import OUTPUT_DTYPES, Buffer
 
 if TYPE_CHECKING:
     import numpy as np

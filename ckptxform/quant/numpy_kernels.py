@@ -1,6 +1,7 @@
 """The block kernels on numpy (no torch): what ``kernels`` runs when torch is absent,
 bit-identical to ``torch_kernels`` (tests/test_numeric_backends.py). Inputs are checked by
-``kernels``; each function returns the output block as a fresh uint8 array.
+``kernels``; each function returns the output block as a fresh uint8 array. Where a table
+gather pays (quant/tables.py, built on these kernels), the dispatcher runs it instead.
 
 Each block is decoded in a per-thread scratch buffer the size of one block and rounded
 straight into its output: no full-size float32 copy of the tensor. numpy releases the
@@ -9,35 +10,25 @@ GIL in its loops, so several blocks run at once (quant/pipeline.py).
 
 from __future__ import annotations
 
-import functools
-import threading
-from typing import Any
-
 import numpy as np
 
-from .fp4 import e2m1_table
+from .float_bits import decode_e4m3, scratch
+from .fp4 import fp4_values
 from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 Buffer = bytes | bytearray | memoryview
 
+#: the dispatcher gathers from a table (quant/tables.py) instead of these passes where one
+#: pays: 1.1 GB/s of bf16 a core against 0.43 (FP8 blocks), 0.7 against 0.46 (int4 groups of 128)
+GATHERS_TABLES = True
+
 
 def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
         nan: np.ndarray | None) -> np.ndarray:
-    """One table gather where a table pays (quant/tables.py: 1.1 GB/s of bf16 a core here
-    against 0.43 for the arithmetic passes), else ``fp8_arithmetic``."""
-    from . import tables
-
-    if tables.fp8_worth_it(layout, rows):
-        return tables.fp8_block(weight, scale_inv, layout, rows, out_dtype)
-    return fp8_arithmetic(weight, scale_inv, layout, rows, out_dtype, nan)
-
-
-def fp8_arithmetic(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
-                   nan: np.ndarray | None) -> np.ndarray:
     blocks = layout.scale_rows(rows)
     s = np.frombuffer(scale_inv, dtype="<f4").reshape(blocks, layout.scale_cols)
     raw = np.frombuffer(weight, dtype=np.int8)
-    out = _decode_e4m3(raw, nan).reshape(rows, layout.cols)
+    out = decode_e4m3(raw, nan).reshape(rows, layout.cols)
     # The decoded values are the weights times 2**-120. Folding 2**120 into the scales
     # saves a pass and changes no bit: both factors are exact, so their product is the
     # same real number, rounded once, as long as the scaled scales do not overflow.
@@ -58,19 +49,8 @@ def fp8_arithmetic(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: in
 
 def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
          out_dtype: str) -> np.ndarray:
-    """One table gather where a table pays (groups of 128: 0.7 GB/s of bf16 a core here
-    against 0.46 for the arithmetic passes; groups of 32: no gain), else ``int4_arithmetic``."""
-    from . import tables
-
-    if tables.int4_worth_it(layout):
-        return tables.int4_groups(packed, scale, layout, rows, zero_point, out_dtype)
-    return int4_arithmetic(packed, scale, layout, rows, zero_point, out_dtype)
-
-
-def int4_arithmetic(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_point: Buffer | None,
-                    out_dtype: str) -> np.ndarray:
     nibbles = _nibbles(np.frombuffer(packed, dtype=np.uint8).reshape(rows, layout.words * 4))[:, :layout.cols]
-    values = _scratch(rows * layout.cols, np.float32).reshape(rows, layout.cols)
+    values = scratch(rows * layout.cols, np.float32).reshape(rows, layout.cols)
     if zero_point is None:
         # q = nibble - 8, wrapped in uint8 and read as int8: exact
         nibbles -= np.uint8(8)
@@ -102,26 +82,6 @@ def fp4(packed: Buffer, scale: Buffer, layout: Fp4Groups, rows: int, out_dtype: 
     return rounded(values, out_dtype)
 
 
-def fp4_values(packed: Buffer, layout: Fp4Groups, rows: int) -> np.ndarray:
-    """float32 ``[rows, cols]`` values of packed e2m1 codes: one lookup per byte in a table
-    of the 256 bytes' value pairs (3x faster than splitting nibbles, then a 16-entry lookup)."""
-    pairs = _e2m1_pairs(layout.signed_zero)
-    # indexing, not ``take``: take converts the uint8 indices 10x slower than the lookup
-    return pairs[np.frombuffer(packed, dtype=np.uint8)].view(np.float32).reshape(rows, layout.cols)
-
-
-def _e2m1_pairs(signed_zero: bool) -> np.ndarray:
-    """Byte ``b`` -> its two values (low nibble first) as one uint64."""
-    table = _PAIRS.get(signed_zero)
-    if table is None:
-        values, b = e2m1_table(signed_zero), np.arange(256)
-        table = _PAIRS[signed_zero] = np.stack([values[b & 15], values[b >> 4]], axis=1).view(np.uint64)[:, 0].copy()
-    return table
-
-
-_PAIRS: dict[bool, np.ndarray] = {}
-
-
 #: the scale dtypes of int4 (safetensors name -> the little-endian numpy storage type)
 _SCALE_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
@@ -130,56 +90,6 @@ def as_float32(raw: Buffer, dtype: str) -> np.ndarray:
     """float32 values of F32, F16 or BF16 bytes, exactly (BF16 widened by a shift: with
     ml_dtypes' bfloat16, the first use imports ml_dtypes, 1.0-1.2 s here)."""
     return _widened(np.frombuffer(raw, dtype=_SCALE_DTYPES[dtype]), dtype)
-
-
-def e4m3_values(raw: Buffer) -> np.ndarray:
-    """float32 values of e4m3fn bytes, exactly (NaN for 0x7F/0xFF): a lookup in the 256
-    values ``_decode_e4m3`` makes, not ml_dtypes' cast (importing ml_dtypes took 1.0-1.2 s
-    of a 0.5 GB NVFP4 run here)."""
-    return _e4m3_table()[np.frombuffer(raw, dtype=np.uint8)]
-
-
-@functools.cache
-def _e4m3_table() -> np.ndarray:
-    codes = np.arange(256, dtype=np.uint8)
-    return _decode_e4m3(codes.view(np.int8), (codes | np.uint8(0x80)) == np.uint8(0xFF)) * np.float32(2.0 ** 120)
-
-
-def _decode_e4m3(raw: np.ndarray, nan: np.ndarray | None) -> np.ndarray:
-    """float32 values of e4m3fn bytes (given as int8) TIMES 2**-120, exactly, in a
-    per-thread scratch buffer: three vectorised integer passes (a 256-entry table
-    lookup is 5x slower in numpy).
-
-    Sign-extended to int32 and shifted left by 20, a byte's sign lands in bit 31 (bits
-    27-31 are copies of it) and its exponent and mantissa in bits 23-26 and 20-22: masked,
-    that is the float32 of the same value times 2**-120 (subnormals included, as the two
-    formats' subnormals differ by the same power of two). ``nan`` marks the NaN bytes
-    0x7F/0xFF (found by ``kernels``), set to NaN.
-    """
-    bits = _scratch(raw.size, np.int32)
-    np.copyto(bits, raw)
-    bits <<= 20
-    bits &= _E4M3_MASK
-    values = bits.view(np.float32)
-    if nan is not None:
-        values[nan] = np.nan
-    return values
-
-
-#: sign bit and the 7 bits of exponent+mantissa, after the shift (as a signed int32)
-_E4M3_MASK = 0x87F00000 - (1 << 32)
-
-_local = threading.local()
-
-
-def _scratch(n: int, dtype: Any) -> np.ndarray:
-    """A buffer of ``n`` elements owned by this thread, reused across blocks: a fresh
-    allocation per block would page-fault its way through every byte again."""
-    buf = getattr(_local, "buf", None)
-    nbytes = n * np.dtype(dtype).itemsize
-    if buf is None or buf.size < nbytes:
-        buf = _local.buf = np.empty(nbytes, dtype=np.uint8)
-    return buf[:nbytes].view(dtype)
 
 
 def _nibbles(raw: np.ndarray) -> np.ndarray:

@@ -40,90 +40,24 @@ from typing import TYPE_CHECKING, Any
 
 from .fp4 import pack_e2m1
 from .layouts import Fp8Block
+from .quantize_shared import FP4_MAX, FP8_MAX, WEIGHT_DTYPES, NonFiniteWeight, eps
+from .quantize_shared import bits16 as _bits16
+from .quantize_shared import finite as _finite
+from .quantize_shared import rounded as _round
+from .quantize_shared import stored as _stored
+from .quantize_shared import weight_values as _values
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP8_MAX", "NonFiniteWeight", "WEIGHT_DTYPES", "absmax", "fp8_rows", "fp8_scale_rows",
+__all__ = ["FP4_MAX", "FP8_MAX", "NonFiniteWeight", "WEIGHT_DTYPES", "absmax", "eps", "fp8_rows", "fp8_scale_rows",
            "nvfp4_global_scale", "nvfp4_rows", "nvfp4_scale_rows"]
 
 Buffer = bytes | bytearray | memoryview
 
-#: the weight dtypes quantized (safetensors names); the FP8 scale takes the weight's
-WEIGHT_DTYPES = ("BF16", "F16", "F32")
-FP8_MAX = 448.0
-FP4_MAX = 6.0
 NVFP4_GROUP = 16
 #: what a zero e4m3 scale of NVFP4 becomes (compressed-tensors' eps for float8_e4m3fn)
 _FP8_SCALE_EPS = 0.125
-
-
-class NonFiniteWeight(ValueError):
-    """A NaN or infinite weight value: quantizing it is meaningless."""
-
-
-def _values(weight: Buffer, dtype: str, cols: int) -> np.ndarray:
-    """float32 ``[rows, cols]`` of the weight bytes (exact). Non-finite values are found
-    by the callers from the block maxima (a NaN or inf makes its maximum non-finite)."""
-    import numpy as np
-
-    if dtype == "BF16":
-        import ml_dtypes
-
-        out = np.frombuffer(weight, dtype=ml_dtypes.bfloat16).astype(np.float32)
-    elif dtype in ("F16", "F32"):
-        out = np.frombuffer(weight, dtype="<f2" if dtype == "F16" else "<f4").astype(np.float32)
-    else:
-        raise ValueError(f"weight dtype {dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
-    if cols == 0 or out.size % cols:
-        raise ValueError(f"{out.size} values are not whole rows of {cols}")
-    return out.reshape(-1, cols)
-
-
-def _finite(maxima: np.ndarray) -> np.ndarray:
-    import numpy as np
-
-    if not np.isfinite(maxima).all():
-        raise NonFiniteWeight("the weight holds NaN or infinite values")
-    return maxima
-
-
-def _bits16(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 ``values`` rounded to nearest even in BF16 or F16: the uint16 patterns."""
-    import numpy as np
-
-    if dtype == "F16":
-        with np.errstate(over="ignore"):
-            return values.astype(np.float16).view(np.uint16)
-    import ml_dtypes
-
-    return values.astype(ml_dtypes.bfloat16).view(np.uint16)  # to nearest even
-
-
-def _round(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 ``values`` rounded to nearest even in ``dtype``, as float32 again (exact)."""
-    import numpy as np
-
-    if dtype == "F32":
-        return values
-    if dtype == "F16":
-        return _bits16(values, dtype).view(np.float16).astype(np.float32)
-    return (_bits16(values, dtype).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def eps(dtype: str) -> float:
-    import numpy as np
-
-    return {"BF16": 2.0 ** -7, "F16": float(np.finfo(np.float16).eps), "F32": float(np.finfo(np.float32).eps)}[dtype]
-
-
-def _stored(values: np.ndarray, dtype: str) -> bytes:
-    """float32 values exact in ``dtype``, as that dtype's bytes."""
-    import numpy as np
-
-    if dtype == "BF16":
-        return (values.view(np.uint32) >> np.uint32(16)).astype("<u2").tobytes()
-    return values.astype("<f2" if dtype == "F16" else "<f4").tobytes()
 
 
 def _e4m3(values: np.ndarray) -> np.ndarray:

@@ -16,8 +16,8 @@ import torch
 
 from ..dtypes import torch_dtype
 from .layouts import Fp8Block
-from .quantize_kernels import FP8_MAX, NonFiniteWeight, eps
-from .torch_kernels import _as_tensor
+from .quantize_shared import FP8_MAX, NonFiniteWeight, eps
+from .torch_buffers import as_tensor
 
 Buffer = bytes | bytearray | memoryview
 
@@ -43,7 +43,7 @@ def fp8_rows(weight: Buffer, dtype: str, layout: Fp8Block) -> memoryview:
 
 def _values(weight: Buffer, dtype: str, cols: int) -> torch.Tensor:
     """``[rows, cols]`` of the weight's bytes in its own dtype (a view, no copy)."""
-    flat = _as_tensor(weight, torch_dtype(dtype))
+    flat = as_tensor(weight, torch_dtype(dtype))
     if cols == 0 or flat.numel() % cols:
         raise ValueError(f"{flat.numel()} values are not whole rows of {cols}")
     return flat.view(-1, cols)

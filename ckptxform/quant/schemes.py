@@ -94,7 +94,7 @@ class Int4Group:
     name: str
     #: module names, ``re:`` regexes or class names
     targets: tuple[str, ...]
-    #: columns per scale
+    #: columns per scale; 0: one scale per row (strategy ``channel``)
     group_size: int
     #: False: modules carry a ``weight_zero_point``
     symmetric: bool
@@ -147,13 +147,18 @@ def _int4_group(path: str, name: str, group: Any, top_format: Any) -> Int4Group:
     w = group.get("weights")
     if not isinstance(w, dict):
         raise QuantizationConfigError(f"{path}.weights is {w!r}; pack-quantized groups quantize weights")
-    wanted = {"num_bits": 4, "type": "int", "strategy": "group"}
+    wanted = {"num_bits": 4, "type": "int"}
     for field, value in wanted.items():
         if w.get(field) != value:
             raise QuantizationConfigError(f"{path}.weights.{field} is {w.get(field)!r}; only {field} "
-                                          f"{value!r} is supported (int4, per group)")
+                                          f"{value!r} is supported (int4, per group or channel)")
+    if w.get("strategy") not in ("group", "channel"):
+        raise QuantizationConfigError(f"{path}.weights.strategy is {w.get('strategy')!r}; only strategy 'group' "
+                                      "or 'channel' is supported (int4, per group or channel)")
     size = w.get("group_size")
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+    if w["strategy"] == "channel":
+        size = 0  # one scale per row: the row's width is the packed tensor's
+    elif not isinstance(size, int) or isinstance(size, bool) or size <= 0:
         raise QuantizationConfigError(f"{path}.weights.group_size is {size!r}, not a positive integer")
     targets = group.get("targets")
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):

@@ -2,12 +2,12 @@
 scale covers many codes, the block is one gather from a table of the output dtype's bits.
 
 - FP8 block-scaled: a 128x128 block's 16,384 values take at most 256 distinct values, one
-  per byte. The table of a block is the arithmetic kernel (numpy_kernels.fp8_arithmetic) run on the
+  per byte. The table of a block is the arithmetic kernel (numpy_kernels.fp8) run on the
   256 bytes under that block's scale, so each entry is, bit for bit, what the kernel
   computes per element (the float32 product rounded to nearest even in the output dtype),
   NaN bytes and non-finite scales included; its NaNs are made the one quiet NaN.
 - int4 per group: 16 codes a group, so the table of a group of 128 is 16 entries, made by
-  numpy_kernels.int4_arithmetic on the codes 0..15 under the group's scale (and zero point).
+  numpy_kernels.int4 on the codes 0..15 under the group's scale (and zero point).
 - NVFP4 and MXFP4: a group's scale is one byte (e4m3 times the tensor's global scale, or
   e8m0), so each (scale byte, code byte) pair is one entry of a 65,536-entry table of the
   byte's two output values (``nvfp4_pair_table``, mxfp4.pair_table).
@@ -30,7 +30,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import numpy_kernels
-from .kernels import nvfp4_scales, quiet_nans
+from .float_bits import nvfp4_scales, quiet_nans
 from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ def fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, ou
     blocks, sc, bh, bw, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.block_cols, layout.cols
     codes = np.tile(np.arange(256, dtype=np.uint8), blocks * sc)
     nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)
-    table = numpy_kernels.fp8_arithmetic(codes, scale_inv, Fp8Block(cols=sc * 256, block_rows=1, block_cols=256), blocks,
-                              out_dtype, nan).view(_BITS[out_dtype])
+    table = numpy_kernels.fp8(codes, scale_inv, Fp8Block(cols=sc * 256, block_rows=1, block_cols=256), blocks,
+                               out_dtype, nan).view(_BITS[out_dtype])
     quiet_nans(table, out_dtype)
     table = table.reshape(blocks, sc * 256)
     k = layout.band_blocks(BAND_ELEMENTS)
@@ -93,8 +93,7 @@ def int4_groups(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, ze
     groups, g, cols = layout.groups, layout.group_size, layout.cols
     # codes 0..15 of every group: two words a group, nibble k of a word is code k (+8)
     words = np.tile(np.array([0x76543210, 0xFEDCBA98], dtype="<u4"), rows * groups)
-    table = numpy_kernels.int4_arithmetic(words, scale, Int4Groups(cols=groups * 16, group_size=16,
-                                                        scale_dtype=layout.scale_dtype),
+    table = numpy_kernels.int4(words, scale, Int4Groups(cols=groups * 16, group_size=16, scale_dtype=layout.scale_dtype),
                                rows, zero_point, out_dtype).view(_BITS[out_dtype])
     quiet_nans(table, out_dtype)
     band = max(1, BAND_ELEMENTS // cols)

@@ -7,17 +7,19 @@ returns the output block as a fresh uint8 array.
 from __future__ import annotations
 
 import threading
-import warnings
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..dtypes import torch_dtype
-from . import numpy_kernels
+from .fp4 import fp4_values
 from .layouts import Fp4Groups, Fp8Block, Int4Groups
+from .torch_buffers import as_tensor
 
 Buffer = bytes | bytearray | memoryview
+
+#: torch's fused bands beat a numpy table gather (and torch's index ops need int64 indices)
+GATHERS_TABLES = False
 
 
 def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
@@ -27,7 +29,7 @@ def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtyp
     bf16 a core here against 1.1 for the numpy table gather and 0.8-0.9 for the same passes
     over the whole block (benchmarks/README.md, "Fused kernels")."""
     blocks, bh, cols = layout.scale_rows(rows), layout.block_rows, layout.cols
-    s = _as_tensor(scale_inv, torch.float32).view(blocks, layout.scale_cols)
+    s = as_tensor(scale_inv, torch.float32).view(blocks, layout.scale_cols)
     # The decoded values are the weights times 2**-120. Folding 2**120 into the scales
     # saves a pass and changes no bit: both factors are exact, so their product is the
     # same real number, rounded once, as long as the scaled scales do not overflow.
@@ -35,7 +37,7 @@ def fp8(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtyp
     if folded:
         s = s * 2.0 ** 120
     s_cols = s.repeat_interleave(layout.block_cols, dim=1)[:, :cols]  # a scale per column of each block row
-    w = _as_tensor(weight, torch.int8).view(rows, cols)
+    w = as_tensor(weight, torch.int8).view(rows, cols)
     mask = torch.from_numpy(nan).view(rows, cols) if nan is not None else None
     out = torch.empty((rows, cols), dtype=torch_dtype(out_dtype))
     for first, count, k in layout.bands(rows, FUSED_BAND):
@@ -71,12 +73,12 @@ def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_poin
     made 1.1 GB/s of bf16 a core here with float32 scales, bands 2.0 (bf16 scales: 1.7-1.8
     either way)."""
     sdtype, cols = torch_dtype(layout.scale_dtype), layout.cols
-    raw = _as_tensor(packed, torch.uint8).view(rows, layout.words * 4)
-    s = _as_tensor(scale, sdtype).view(rows, layout.groups)[:, :, None]  # broadcast over a group
+    raw = as_tensor(packed, torch.uint8).view(rows, layout.words * 4)
+    s = as_tensor(scale, sdtype).view(rows, layout.groups)[:, :, None]  # broadcast over a group
     zp = None
     if zero_point is not None:
         zp_rows = layout.zero_point_rows(rows)
-        zp_bytes = _as_tensor(zero_point, torch.uint8).view(zp_rows, layout.groups, 4)
+        zp_bytes = as_tensor(zero_point, torch.uint8).view(zp_rows, layout.groups, 4)
         # words hold 8 consecutive rows: nibble k of word [w, g] is row 8w + k
         zp = _nibbles(zp_bytes).view(zp_rows, layout.groups, 8).transpose(1, 2)
         zp = zp.reshape(zp_rows * 8, layout.groups)[:rows].to(sdtype)[:, :, None]
@@ -104,8 +106,8 @@ def int4(packed: Buffer, scale: Buffer, layout: Int4Groups, rows: int, zero_poin
 
 def fp4(packed: Buffer, scale: Buffer, layout: Fp4Groups, rows: int, out_dtype: str) -> np.ndarray:
     # the byte lookup on numpy: torch's uint8 -> int64 index conversion alone is 4x slower
-    values = torch.from_numpy(numpy_kernels.fp4_values(packed, layout, rows))
-    s = _as_tensor(scale, torch.float32).view(rows, layout.groups)
+    values = torch.from_numpy(fp4_values(packed, layout, rows))
+    s = as_tensor(scale, torch.float32).view(rows, layout.groups)
     # an e2m1 value has 2 significant bits: the product is rounded once to float32
     values.view(rows, layout.groups, layout.group_size).mul_(s[:, :, None])
     return _to_bytes(values, out_dtype, copy=False)
@@ -114,7 +116,7 @@ def fp4(packed: Buffer, scale: Buffer, layout: Fp4Groups, rows: int, out_dtype: 
 def _decode_e4m3(raw: torch.Tensor, n: int, nan: torch.Tensor | None) -> torch.Tensor:
     """float32 values of ``n`` e4m3fn bytes (given as int8) TIMES 2**-120, exactly, in a
     per-thread scratch buffer: torch's own float8 -> float32 conversion is a scalar loop
-    here (~5x slower). The bit trick is numpy_kernels._decode_e4m3's; ``nan`` marks the
+    here (~5x slower). The bit trick is float_bits.decode_e4m3's; ``nan`` marks the
     NaN bytes 0x7F/0xFF (found by ``kernels`` with numpy: torch's uint8 ops are ~60x slower)."""
     bits = _scratch(n).view(raw.shape)
     bits.copy_(raw)
@@ -154,16 +156,6 @@ def _per_group(values: torch.Tensor, layout: Int4Groups) -> torch.Tensor:
     if layout.cols != layout.groups * layout.group_size:
         raise ValueError(f"{layout.cols} columns are not whole groups of {layout.group_size}")
     return values.view(values.shape[0], layout.groups, layout.group_size)
-
-
-def _as_tensor(raw: Buffer, dtype: Any) -> torch.Tensor:
-    """A tensor over ``raw`` without a copy. The kernels never write to their inputs, so
-    a read-only buffer (``bytes`` from a source) is used as it is."""
-    if not len(raw):
-        return torch.empty(0, dtype=dtype)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        return torch.frombuffer(raw, dtype=dtype)
 
 
 def _to_bytes(values: torch.Tensor, out_dtype: str, *, copy: bool) -> np.ndarray:

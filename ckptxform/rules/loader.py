@@ -20,7 +20,7 @@ from ..fileio import is_utf8
 from ..ops import OPS
 from ..ops.base import Step
 from .extends import Merged, Node, inverse_config, merge_chain, read_chain
-from .file_rules import build_file_rules
+from .file_rules import build_file_rules, loader_file_rules
 from .key_pattern import KeyPattern
 from .library import locate_rules
 from .model import (
@@ -172,15 +172,31 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
         output = replace(output, file_name="model.gguf")
     convert = m.scalars["convert"].value if "convert" in m.scalars else (
         next(iter(sources)) if len(sources) == 1 else None)
+    carry = _loader_files_source(out.get("loader_files"), output.format, convert)
+    output = replace(output, loader_files=carry)
+    file_rules = build_file_rules([(n.value, n.where()) for n in m.files], convert)
+    at = m.output["loader_files"] if "loader_files" in m.output else m.top
+    assert at is not None  # a chain holds at least one document
+    carried = () if carry is None else loader_file_rules(carry, at.where(), len(file_rules))
     name = m.scalars["name"].value if "name" in m.scalars else Path(label).stem
     description = m.scalars["description"].value if "description" in m.scalars else ""
     return RuleSet(path=label, name=name, description=description, sources=sources, convert=convert,
                    vocab=vocab, tensors=tuple(tensors), add=add,
-                   file_rules=build_file_rules([(n.value, n.where()) for n in m.files], convert),
+                   file_rules=file_rules, loader_file_rules=carried,
                    require=Require(loaded=loaded, min_rows_from_source=min_rows, strict=strict,
                                    config=parse_config_assertions(m)),
                    config=_config_spec(m.config), inverse_config=_config_spec(inverse_config(m)),
                    output=output, sha256=sha256, files=files)
+
+
+def _loader_files_source(value: object, fmt: str, convert: str | None) -> str | None:
+    """``output.loader_files`` as the source to carry from: ``carry`` (the default of a
+    safetensors output; a gguf file holds its tokenizer) is the converted source."""
+    if value is None:
+        value = "carry" if fmt == "safetensors" else "none"
+    if isinstance(value, dict):
+        return value["from"]
+    return convert if value == "carry" else None
 
 
 def _rule_level_ops(node: Node) -> tuple[Step, ...]:

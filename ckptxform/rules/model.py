@@ -231,6 +231,9 @@ class OutputSpec:
     #: ``safetensors`` or ``gguf`` (one llama.cpp file, metadata as ``gguf`` says)
     format: str = "safetensors"
     gguf: GgufSpec | None = None
+    #: ``loader_files``: the source whose loader files (file_rules.LOADER_FILES) the output
+    #: carries; None: none (``loader_files: none``, a gguf output, no converted source)
+    loader_files: str | None = None
 
 
 @dataclass(frozen=True)
@@ -253,9 +256,17 @@ class RuleSet:
     inverse_config: ConfigSpec | None = None
     #: the ``files`` section: non-weight files copied into the output (none without it)
     file_rules: tuple[FileRule, ...] = ()
+    #: ``output.loader_files``: the loader files carried after ``file_rules``'s entries
+    loader_file_rules: tuple[FileRule, ...] = ()
     #: sha256 over the bytes of this file and every file it extends, in order
     sha256: str = ""
     files: tuple[str, ...] = field(default=())
+
+    @property
+    def all_file_rules(self) -> tuple[FileRule, ...]:
+        """What the output's non-weight files are planned from: the ``files`` entries, then
+        the carried loader files."""
+        return self.file_rules + self.loader_file_rules
 
     def with_sources(self, overrides: dict[str, str]) -> RuleSet:
         """A copy whose named sources point at other locations (``--source NAME=LOC``)."""

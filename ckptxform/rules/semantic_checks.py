@@ -156,6 +156,10 @@ def semantic_problems(m: Merged) -> list[Problem]:
                 and len(sources) != 1:
             report(node, (), "no 'from', and no 'convert' source to copy from by default; name the source")
 
+    carry = m.output.get("loader_files")
+    if carry is not None and isinstance(carry.value, dict):
+        check_ref(carry, ("from",), "source", sources)
+
     shards = m.output.get("shards")
     if shards is not None:
         check_ref(shards, ("like",), "source", sources)

@@ -157,6 +157,7 @@ _QUANTIZE_TINY = LmDims(hidden=208, heads=4, kv_heads=2, intermediate=400)
 def _bf16_llama(root: Path) -> dict[str, str]:
     return _model(build_llama(root / "Qwen3-8B-bf16", _QUANTIZE_TINY))
 
+
 def _lora_fp8_block(root: Path) -> dict[str, str]:
     """An FP8_BLOCK base (the bf16 stand-in through bf16_to_fp8_block) and a LoRA adapter of it."""
     from ckptxform import api
@@ -169,6 +170,19 @@ def _lora_fp8_block(root: Path) -> dict[str, str]:
                                  targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
                                  modules_to_save=("lm_head",))
     return {"base": str(base), "adapter": str(adapter)}
+
+
+#: int4 groups of 128 need rows of whole groups: every width a multiple of 128, GQA
+_INT4_TINY = LmDims(hidden=256, heads=4, kv_heads=2, intermediate=384)
+_INT4_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
+                "quantization_config; compressed_int4_to_bf16 and transformers read it (tests/test_w4a16_reference.py)")
+_INT4_ASYM_CHECKS = ("llm-compressor 0.14 model_free_ptq and compressed-tensors 0.20, byte for byte with "
+                     "quantization_config; compressed_int4_to_bf16 reads it (transformers 5.23 refuses this "
+                     "scheme's zero points, llm-compressor's own output too) (tests/test_w4a16_reference.py)")
+
+
+def _bf16_llama_int4(root: Path) -> dict[str, str]:
+    return _model(build_llama(root / "Qwen3-8B-bf16", _INT4_TINY))
 
 
 STANDINS: dict[str, RuleStandin] = {
@@ -289,6 +303,14 @@ STANDINS: dict[str, RuleStandin] = {
         _bf16_llama, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "NVFP4 weights, 16-bit activations "
         "(compressed-tensors NVFP4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models",
         _QUANTIZE_CHECKS),
+    "bf16_to_w4a16": RuleStandin(
+        _bf16_llama_int4, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "int4 weights, symmetric, group 128, "
+        "16-bit activations (compressed-tensors W4A16)", "Qwen/Qwen3-8B, meta-llama/Llama-3.1-8B-Instruct, "
+        "fine-tuned bf16 models", _INT4_CHECKS),
+    "bf16_to_w4a16_asym": RuleStandin(
+        _bf16_llama_int4, "bfloat16 HF decoder (Llama/Qwen/Mistral keys)", "int4 weights with zero points, "
+        "group 128, 16-bit activations (compressed-tensors W4A16_ASYM)", "Qwen/Qwen3-8B, "
+        "meta-llama/Llama-3.1-8B-Instruct, fine-tuned bf16 models", _INT4_ASYM_CHECKS),
     "fp8_to_bf16": RuleStandin(
         lambda root: _model(build_scaled_llama(root / "Llama-3.1-8B-Instruct-FP8-dynamic", "fp8-channel")),
         "FP8 e4m3 x weight_scale per tensor/channel (compressed-tensors)", "bfloat16",

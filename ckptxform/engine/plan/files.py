@@ -1,5 +1,6 @@
-"""A rule's ``files``, planned from the sources' file listings (engine/output/copied_files.py
-copies them whole into the output with their sha256, and ``verify`` checks them again).
+"""A rule's ``files`` and the loader files its output carries (``output.loader_files``),
+planned from the sources' file listings (engine/output/copied_files.py copies them whole
+into the output with their sha256, and ``verify`` checks them again).
 
 The plan lists files (a Hub source lists its repo tree: no file is fetched); ``apply``
 fetches and copies only the files the plan copies. Weight files, their index and
@@ -75,15 +76,17 @@ def _reserved(name: str, config_file: str) -> bool:
 def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPlan:
     """Which file of which source goes where; a non-optional entry that matches nothing, or
     two files meant for one output path, is a ``PlanError``."""
-    if not rules.file_rules:
+    file_rules = rules.all_file_rules
+    if not file_rules:
         return FilesPlan()
     copies: dict[str, FileCopy] = {}
     skips: list[FileSkip] = []
     unmatched: list[tuple[str, int]] = []
     listed: dict[str, list[str]] = {}
-    for source in dict.fromkeys(r.source for r in rules.file_rules):
+    carried: list[tuple[FileCopy, FileRule]] = []
+    for source in dict.fromkeys(r.source for r in file_rules):
         listed[source] = _candidates(checkpoints[source])
-        entries = [r for r in rules.file_rules if r.source == source]
+        entries = [r for r in file_rules if r.source == source]
         left = 0
         for path in listed[source]:
             rule = next((r for r in entries if r.matches(path)), None)
@@ -92,11 +95,17 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
                 continue
             if rule.skip is not None:
                 skips.append(FileSkip(source, path, rule.where.short, rule.skip))
+            elif rule.carried:
+                carried.append((FileCopy(source, path, path, f"{rule.where.short}, output.loader_files"), rule))
             else:
                 _add_copy(copies, FileCopy(source, path, rule.output_path(path), rule.where.short), rule,
                           rules.output.config_file)
         unmatched.append((source, left))
-    for rule in rules.file_rules:
+    for copy, rule in carried:
+        # a loader file of the same name that a files entry copies (from another source) wins
+        if copy.target not in copies:
+            _add_copy(copies, copy, rule, rules.output.config_file)
+    for rule in file_rules:
         # an entry shadowed by earlier ones (a child's, under extends) is not an error
         if not rule.optional and rule.skip is None and not any(map(rule.matches, listed[rule.source])):
             ckpt = checkpoints[rule.source]
@@ -115,6 +124,10 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
 
 def _add_copy(copies: dict[str, FileCopy], copy: FileCopy, rule: FileRule, config_file: str) -> None:
     problem = path_problem(copy.target)
+    if problem is not None and rule.carried:
+        raise PlanError(f"{rule.label}: source {copy.source!r} holds a loader file named {copy.path!r}, which "
+                        f"{problem}; refused: remove or rename it in the source, or skip it with a files entry",
+                        source=copy.source)
     if problem is not None:
         raise PlanError(f"{rule.label}: output path {copy.target!r} (for {copy.path!r}) {problem}; fix the rename",
                         source=copy.source)

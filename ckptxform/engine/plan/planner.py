@@ -129,7 +129,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
             names.add(entry.source)
     if rules.config and rules.config.from_source:
         names.add(rules.config.from_source)
-    names.update(rule.source for rule in rules.file_rules)
+    names.update(rule.source for rule in rules.all_file_rules)
     if rules.output.shards_like:
         names.add(rules.output.shards_like)
     names.update(config_sources(rules))

@@ -14,18 +14,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import PlanError
-from ...ops.quantize import QuantizeFp8Block, QuantizeNvfp4
 from ...rules.model import RuleSet
 
 #: the compressed-tensors format each quantize op writes
 _FORMATS = {"quantize_fp8_block": "float-quantized", "quantize_fp8_channel": "float-quantized",
-            "quantize_nvfp4": "nvfp4-pack-quantized"}
+            "quantize_nvfp4": "nvfp4-pack-quantized", "quantize_w4a16": "pack-quantized"}
 
 
 def check_quantize(rules: RuleSet, config: dict[str, Any] | None, source_keys: Iterable[str]) -> list[str]:
     """Raise where a quantize op and the written quantization_config disagree; the warnings."""
     steps = [(rule, i, step) for rule in rules.tensors for i, step in enumerate(rule.ops)
-             if isinstance(step.op, (QuantizeFp8Block, QuantizeNvfp4))]
+             if step.verb in _FORMATS]
     if not steps:
         return []
     modules = sorted({key.rpartition(".")[0] for key in source_keys})
@@ -64,4 +63,19 @@ def _agrees(label: str, verb: str, args: Any, config: dict[str, Any] | None) -> 
     if sorted(targets) != sorted(want) and not ({"Linear"} <= set(targets) and {"Linear"} <= set(want)):
         raise PlanError(f"{label} targets {want}, but the config's quantization_config.config_groups target "
                         f"{targets}; {fix}")
+    if verb == "quantize_w4a16" and isinstance(groups, dict):
+        _int4_groups_agree(label, args, groups)
+
+
+def _int4_groups_agree(label: str, args: Any, groups: dict[str, Any]) -> None:
+    """The group size and symmetry of an int4 quantize are what its config groups' weights say."""
+    channel = args.get("strategy", "group") == "channel"
+    want = {"strategy": "channel" if channel else "group", "group_size": None if channel else args.get("group_size", 128),
+            "symmetric": args.get("symmetric", True)}
+    for name, group in sorted(groups.items()):
+        weights = group.get("weights") if isinstance(group, dict) else None
+        said = {k: weights.get(k) for k in want} if isinstance(weights, dict) else None
+        if said != want:
+            raise PlanError(f"{label} writes int4 with {want}, but quantization_config.config_groups.{name}.weights "
+                            f"says {said}; make them agree")
 
