@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import compile_ckptxform, paired_ratio, run_contenders, warm  # noqa: E402
+from harness import compile_ckptxform, paired_ratio, run_contenders, warm  # noqa: E402
 from synthetic import Tensor, write_sharded  # noqa: E402
 
 PY = sys.executable
