@@ -4,6 +4,7 @@ ops and plan (which name them in errors) without either importing the other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,8 @@ class Where:
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.col}"
 
-    @property
+    @cached_property
     def short(self) -> str:
-        """``FILE:LINE``, the form used in the audit log."""
+        """``FILE:LINE``, the form used in the audit log (made once: a plan's records name
+        their rule's position, two strings a tensor when it was made per call)."""
         return f"{self.file}:{self.line}"

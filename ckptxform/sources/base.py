@@ -18,7 +18,7 @@ from ..errors import SourceNotFoundError, UsageError
 from .pins import FilePin
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorInfo:
     """One tensor as its header describes it. ``offset`` is the absolute position of the
     tensor's first data byte in ``file`` (a name relative to the checkpoint root)."""

@@ -70,9 +70,13 @@ def parse_header_json(
     data_size = None if file_size is None else file_size - 8 - len(blob)
     spans: list[tuple[int, int, str]] = []
     tensors: list[TensorInfo] = []
+    #: one object per distinct dtype and shape (a MoE's experts share a few): JSON gives
+    #: each tensor its own, ~150 bytes a tensor held as long as the checkpoint is open
+    shared: dict[Any, Any] = {}
     for key, entry in header.items():
         dtype, shape, begin, end = _parse_entry(key, entry, label, data_size)
         spans.append((begin, end, key))
+        dtype, shape = shared.setdefault(dtype, dtype), shared.setdefault(shape, shape)
         tensors.append(TensorInfo(key, dtype, shape, file, 8 + len(blob) + begin, end - begin))
     _check_no_overlap(spans, label)
     tensors.sort(key=lambda t: (t.offset, t.key))

@@ -91,6 +91,11 @@ def _event(line: bytes) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
+#: ``json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))``, its encoder made once
+#: (json.dumps with arguments builds one per call: per tensor)
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
+
+
 class AuditLog:
     """Appends events to the audit file as the run goes, so its order is the run's order."""
 
@@ -100,7 +105,7 @@ class AuditLog:
 
     def event(self, obj: dict[str, Any]) -> None:
         # redacted as text: whatever field a server's words reached, no token is written
-        self._file.write(redact(json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))) + "\n")
+        self._file.write(redact(_LINE.encode(obj)) + "\n")
 
     def close(self) -> None:
         self._file.close()

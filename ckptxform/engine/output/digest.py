@@ -56,7 +56,7 @@ def run_digest(plan: Plan) -> RunDigest:
     """
     decided = {"name": plan.rules.name, "output": plan.rules.output, "outputs": plan.outputs,
                "records": plan.records, "config": plan.config, "files": plan.files}
-    plan_sha256 = _sha256(_canonical(decided))
+    plan_sha256 = _sha256_by_item(decided)
     files_read = {pin.path: pin.stamp for pin in plan.files_read()}
     commits = {name: record.commit for name, record in sorted(plan.sources.items())}
     whole = {"version": __version__, "plan": plan_sha256, "files_read": files_read, "commits": commits}
@@ -120,16 +120,61 @@ def _sha256(obj: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: a dataclass -> the names of its fields that are not positions (looked up once a class:
+#: ``dataclasses.fields`` per value was most of hashing a 20,000-tensor plan)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _sha256_by_item(obj: dict[str, Any]) -> str:
+    """``_sha256(_canonical(obj))``, with its tuples and lists canonicalized and hashed an
+    item at a time: a plan's outputs and records are one item a tensor, and the whole
+    canonical tree at 20,000 tensors was tens of MB held at once."""
+    sha = hashlib.sha256()
+
+    def text(value: Any) -> None:
+        sha.update(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                   .encode("utf-8", "surrogatepass"))
+
+    sha.update(b"{")
+    for i, key in enumerate(sorted(obj)):
+        if i:
+            sha.update(b",")
+        text(key)
+        sha.update(b":")
+        value = obj[key]
+        if isinstance(value, (list, tuple)):
+            sha.update(b"[")
+            for j, item in enumerate(value):
+                if j:
+                    sha.update(b",")
+                text(_canonical(item))
+            sha.update(b"]")
+        else:
+            text(_canonical(value))
+    sha.update(b"}")
+    return sha.hexdigest()
+
+
 def _canonical(value: Any) -> Any:
     """``value`` as plain JSON data: dataclasses by field (positions left out), tuples as lists."""
-    if value is None or isinstance(value, (str, int, float)):  # first: a plan holds row maps of 32,000 ids
+    kind = type(value)
+    if kind in _PLAIN:  # first: a plan holds row maps of 32,000 ids
         return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__name__,
-                **{f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
-                   if f.name not in _POSITIONS and not isinstance(getattr(value, f.name), Where)}}
+    names = _FIELDS.get(kind)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value) if f.name not in _POSITIONS)
+    if names is not None:
+        out = {"type": kind.__name__}
+        for name in names:
+            field = getattr(value, name)
+            if not isinstance(field, Where):
+                out[name] = field if type(field) in _PLAIN else _canonical(field)
+        return out
+    if value is None or isinstance(value, (str, int, float)):
+        return value
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
+        return [v if type(v) in _PLAIN else _canonical(v) for v in value]
     return value

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,6 +266,24 @@ class JobDir:
         except OSError as err:
             raise io_error("writing", self.path / name, err) from None
         return self.path / name
+
+    def write_pieces(self, name: str, pieces: Iterable[str]) -> Path:
+        """Write the text ``pieces`` (a JSON document made piece by piece), and a newline,
+        as ``name`` into the job directory, atomically, as ``write_json`` does."""
+        path = self.path / name
+        part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
+        try:
+            with part.open("w", encoding="utf-8") as file:
+                file.writelines(pieces)
+                file.write("\n")
+            if self.fsync:
+                _fsync(part)
+            os.replace(part, path)
+            if self.fsync:
+                _fsync(path.parent)
+        except OSError as err:
+            raise io_error("writing", path, err) from None
+        return path
 
     def _write_atomic(self, path: Path, obj: Any, indent: int | None = 1) -> None:
         part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")

@@ -37,7 +37,7 @@ CLONE_BLOCK = 4096
 _DEFAULT_METADATA: Mapping[str, str] = MappingProxyType({"format": "pt"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class OutputTensorSpec:
     """One output tensor as the plan knows it before any byte is read."""
 
@@ -62,7 +62,7 @@ class OutputTensorSpec:
         return nbytes(self.dtype, self.shape)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorPlacement:
     """Where one tensor's bytes go: ``offset`` is absolute in ``file``."""
 
@@ -216,21 +216,30 @@ def _header_pad(text_len: int, group: list[OutputTensorSpec], copied_from: Mappi
     return max(votes, key=lambda pad: (votes[pad], -pad)) if votes else -(8 + text_len) % 8
 
 
+def _header_text(group: list[OutputTensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
+    """``json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()`` of the
+    header of ``group`` (and the data bytes), made an entry at a time: the whole header as
+    a dict of dicts and lists was ~400 bytes a tensor held at once, the peak of laying out
+    a shard of many small tensors."""
+    def dumps(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+    parts = [] if metadata is None else [dumps("__metadata__") + ":" + dumps(dict(metadata))]
+    start = 0
+    for spec in group:
+        parts.append(f'{dumps(spec.key)}:{{"dtype":{dumps(spec.dtype)},"shape":{dumps(list(spec.shape))},'
+                     f'"data_offsets":[{start},{start + spec.nbytes}]}}')
+        start += spec.nbytes
+    return ("{" + ",".join(parts) + "}").encode(), start
+
+
 def shard_layout(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None,
                  copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
     """One output file of ``group``'s tensors, in that order, its header padded to line up
     the unchanged copies among them (``copied_from``) with their source files."""
     # JSON keys follow data order (the safetensors library sorts by alignment instead;
     # readers do not care, and data order keeps the file in the plan's order).
-    header: dict[str, Any] = {}
-    if metadata is not None:
-        header["__metadata__"] = dict(metadata)
-    start = 0
-    for spec in group:
-        header[spec.key] = {"dtype": spec.dtype, "shape": list(spec.shape),
-                            "data_offsets": [start, start + spec.nbytes]}
-        start += spec.nbytes
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text, start = _header_text(group, metadata)
     text += b" " * _header_pad(len(text), group, copied_from)
     if len(text) > _MAX_HEADER_BYTES:
         raise PlanError(f"the header of {name!r} would be {len(text)} bytes, more than "

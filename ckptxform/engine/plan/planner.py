@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...bulk_gc import collector_paused
 from ...dtypes import USER_DTYPES
 from ...errors import PlanError, SourceNotFoundError, UnmatchedRuleError, printable, quote_keys
 from ...rules.model import AddEntry, RuleSet, TensorRule
@@ -107,7 +108,8 @@ def build_plan(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> Plan:
     which stay open: the caller closes them."""
     if _NO_PLANNING is not None:
         raise PlanError(f"internal error: this process must not plan: {_NO_PLANNING} (report it)")
-    return _Planner(rules, dict(checkpoints)).run()
+    with collector_paused():
+        return _Planner(rules, dict(checkpoints)).run()
 
 
 def needed_sources(rules: RuleSet) -> list[str]:

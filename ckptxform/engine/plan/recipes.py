@@ -55,7 +55,7 @@ class Sources(Protocol):
     vocab_maps: dict[str, VocabMap]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorRef:
     """``source``'s tensor ``key``; ``shard``: only its piece in that model-parallel shard file."""
 
@@ -489,7 +489,7 @@ class Constant(Recipe):
         return f"created: constant {self.value!r}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class OutputPlan:
     """One tensor of the output: its key, dtype, shape and how its bytes are made.
 
@@ -518,7 +518,7 @@ class OutputPlan:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorRecord:
     """What happened to one tensor of a source file the run opened (an audit ``tensor`` event).
     ``target`` is a list when one source tensor feeds several outputs (an untie, a split)."""

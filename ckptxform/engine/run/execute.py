@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ...bulk_gc import collector_paused
 from ...errors import CkptxformError, OutputError, RequirementError
 from ...log import logger
 from ..output.audit import AUDIT_FILE, started_now
@@ -60,6 +61,7 @@ def _copied_from(plan: Plan, sources: OpenSources) -> dict[str, tuple[str, int]]
     return copied
 
 
+@collector_paused()  # no cycle per tensor: see bulk_gc.py
 def execute(plan: Plan, sources: OpenSources, out: str | Path, options: RunOptions | None = None,
             **settings: Any) -> ApplyResult:
     """Write the planned output to ``out`` with its audit log, reading through ``sources``

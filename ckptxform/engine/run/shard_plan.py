@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,13 +167,21 @@ def save_run_plan(job: JobDir, run: RunPlan) -> str:
     """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
     the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
     name = f"plan-{os.uname().nodename}-{os.getpid()}.json"
-    path = job.write_json(name, {"format": 1, "plan": CODEC.encode(run)})
+    # what write_json(name, {"format": 1, "plan": CODEC.encode(run)}) writes, a tensor at a time
+    body = CODEC.iter_json(run, (RunPlan, ShardPlan, ShardLayout))
+    path = job.write_pieces(name, _pieces('{"format": 1, "plan": ', body, "}"))
     # this process's tasks take ``run`` as it is: decoding what was just encoded cost a
     # sixth of a many-tensor rename (other processes, Ray's and --shard-of's, decode)
     _LOADED.clear()
     with contextlib.suppress(OSError):
         _LOADED[_file_key(path)] = run
     return name
+
+
+def _pieces(head: str, body: Iterator[str], tail: str) -> Iterator[str]:
+    yield head
+    yield from body
+    yield tail
 
 
 def _file_key(path: Path) -> tuple[str, int, int, int, int]:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...bulk_gc import collector_paused
 from ...errors import CkptxformError, OutputError
 from ..output.jobdir import JobDir, ShardRecord
 from ..plan.layout import OutputLayout
@@ -63,6 +64,7 @@ def shard_tasks(plan: Plan, sources: Sources, layout: OutputLayout, job: JobDir,
     return [ShardTask(job, i, layout.shards[i].file, name) for i in indices]
 
 
+@collector_paused()  # no cycle per tensor: see bulk_gc.py
 def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], None] | None = None) -> ShardRecord:
     """Write ``task``'s shard, reading through ``sources``, into its job directory; flush,
     commit and return its record."""
