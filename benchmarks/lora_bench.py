@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
+from harness import compile_ckptxform, measure, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
 
 PY = sys.executable
 COLS, RANK, ALPHA = 4096, 16, 32
