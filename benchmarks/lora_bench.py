@@ -59,7 +59,8 @@ def build(root: Path, size: int) -> tuple[Path, Path]:
     base.mkdir(parents=True)
     adapter.mkdir()
     save_file({f"{KEY}.weight": w}, str(base / "model.safetensors"))
-    (base / "config.json").write_text("{}")
+    # a transformers config (the rule asks for one) that fits a down_proj [hidden, intermediate]
+    (base / "config.json").write_text(json.dumps({"hidden_size": rows, "intermediate_size": COLS}))
     save_file({f"base_model.model.{KEY}.lora_A.weight": torch.randn(RANK, COLS, generator=gen) * 0.01,
                f"base_model.model.{KEY}.lora_B.weight": torch.randn(rows, RANK, generator=gen) * 0.01},
               str(adapter / "adapter_model.safetensors"))
