@@ -9,8 +9,8 @@ problem (exit 2). ``regex_literal`` reads the one key a pattern without operator
 (``fc\\.weight``), which the loader, the planner and ``invert`` reason about.
 
 The bound costs ~20 us a match (the engine's timeout bookkeeping: seconds over a
-200,000-key checkpoint), so a pattern that cannot backtrack badly is matched by ``re``
-directly: one with no repetition inside a repetition, no alternation under a repetition,
+200,000-key checkpoint), so a pattern that cannot backtrack badly is matched without
+it: one with no repetition inside a repetition, no alternation under a repetition,
 no backreference or lookaround, and at most two repetitions in all, is O(n^2) in the key's
 length at worst; keys up to ``FAST_KEY_MAX`` characters take that path (a millisecond at
 worst), longer ones the bounded one.
@@ -44,7 +44,7 @@ class KeyPattern:
     label: str
     _re: re.Pattern[str] = field(repr=False, compare=False)
     _bounded: Any = field(repr=False, compare=False)
-    #: matched by ``re`` (no time bound needed) for keys up to FAST_KEY_MAX characters
+    #: matched without the time bound (none needed) for keys up to FAST_KEY_MAX characters
     _fast: bool = field(default=False, repr=False, compare=False)
     #: ``[key, match]`` of the last ``fullmatch``: the planner asks the same key two or three
     #: times in a row (which rule, its binding, its target), and a time-bounded match costs
@@ -90,7 +90,7 @@ class KeyPattern:
         if last[0] == key:
             return last[1]
         if self._fast and len(key) <= FAST_KEY_MAX:
-            found = self._re.fullmatch(key)
+            found = self._bounded.fullmatch(key)  # the same engine (and expand), no timeout
             object.__setattr__(self, "_last", (key, found))
             return found
         try:
@@ -106,7 +106,7 @@ class KeyPattern:
 
 
 def _backtracks_little(text: str) -> bool:
-    """True when ``re`` matches ``text`` in at most O(n^2) steps of a key of n characters:
+    """True when a backtracking engine matches ``text`` in at most O(n^2) steps of a key of n characters:
     no repetition (of more than one) inside another or over an alternation, no
     backreference or lookaround, at most _FAST_REPEATS repetitions. Conservative: a
     pattern it cannot read is matched with the time bound."""
