@@ -85,8 +85,10 @@ def rules_yaml(diff: CheckpointDiff, saved_as: str | None = None) -> str:
              "--emit-rules`.",
              "# A starting point: check every rule, then `ckptxform plan` it.",
              "version: 1", "name: a-to-b", "sources:", f"  source: {{path: {yaml_string(location)}}}",
-             "convert: source", "tensors:"]
-    for rule in _rules(diff):
+             "convert: source"]
+    rules = _rules(diff)
+    lines.append("tensors:" if rules else "tensors: []")
+    for rule in rules:
         for i, (name, value) in enumerate(rule.fields):
             text = f"[{', '.join(op.text for op in value)}]" if isinstance(value, tuple) else yaml_string(value)
             lines.append(f"  {'-' if i == 0 else ' '} {name}: {text}")
