@@ -196,3 +196,15 @@ def test_audits_of_two_algorithms(tmp_path: Path) -> None:
     assert result.values.algorithm == "sha256"
     assert result.values.sources[0] == "read from its audit (6 tensors)"
     assert result.values.sources[1].endswith("; its audit records blake3, the other side's sha256")
+
+
+def test_tensors_structural_ops_move_are_said_not_compared(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    a = model()
+    write_model(tmp_path / "a", a, {})
+    write_model(tmp_path / "b", a | {"layers.0.w": a["layers.0.w"].t()})
+    proc = run_cli("diff", tmp_path / "a", tmp_path / "b")
+    assert proc.returncode == 1, proc.stderr
+    assert ("{transpose: [0, 1]}: 'layers.{L}.w' -> 'layers.{L}.w' explains 1 keys of A, 1 of B\n"
+            "1 tensors of A that structural ops move: values not compared (--emit-rules applies the ops and "
+            "compares the result with B)\n") in proc.stdout
+    assert "5 keys in both with the same shape and dtype: 5 hold the same bytes\n" in proc.stdout

@@ -48,7 +48,10 @@ def audit_digests(checkpoint: Checkpoint) -> AuditDigests:
         events = read_audit(checkpoint.root)
     except VerifyError as err:
         return AuditDigests(why_not=f"its audit cannot be read ({str(err).splitlines()[0]})")
-    why_not = _why_untrusted(checkpoint, events, path.stat().st_mtime_ns)
+    try:
+        why_not = _why_untrusted(checkpoint, events, path.stat().st_mtime_ns)
+    except OSError as err:  # a file gone since the checkpoint was opened: its bytes will say
+        return AuditDigests(why_not=f"its files cannot be checked against it ({err.strerror or err})")
     if why_not is not None:
         return AuditDigests(why_not=why_not)
     recorded = {e["key"]: recorded_digest(e) for e in events if e.get("event") == "written"}

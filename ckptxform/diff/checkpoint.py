@@ -99,6 +99,10 @@ class CheckpointDiff:
         if values is not None:
             lines.extend(f"renamed, other bytes: {quote(a)} -> {quote(b)}" for a, b in values.differ if a != b)
             lines.extend(f"renamed, same bytes: {quote(a)} -> {quote(b)}" for a, b in values.renamed)
+            moved = sum(len(s.a_keys) for s in self.structural)
+            if moved:
+                lines.append(f"{moved} tensors of A that structural ops move: values not compared "
+                             "(--emit-rules applies the ops and compares the result with B)")
             lines.append(f"digests ({values.algorithm}): A {values.sources[0]}; B {values.sources[1]}")
         lines.append(self.verdict())
         return "\n".join(lines)
