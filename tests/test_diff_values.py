@@ -208,3 +208,18 @@ def test_tensors_structural_ops_move_are_said_not_compared(tmp_path: Path, run_c
             "1 tensors of A that structural ops move: values not compared (--emit-rules applies the ops and "
             "compares the result with B)\n") in proc.stdout
     assert "5 keys in both with the same shape and dtype: 5 hold the same bytes\n" in proc.stdout
+
+
+def test_values_compare_across_formats(tmp_path: Path) -> None:
+    """A ``pytorch_model.bin`` and a safetensors file of the same tensors are equal; a
+    tensor changed in the .bin is named."""
+    tensors = model()
+    (tmp_path / "bin").mkdir()
+    torch.save(tensors, tmp_path / "bin" / "pytorch_model.bin")
+    write_model(tmp_path / "st", tensors, {})
+    result = checkpoint_diff(str(tmp_path / "bin"), str(tmp_path / "st"), jobs=4)
+    assert result.values is not None and not result.differs and result.values.compared == 6
+    changed = tensors | {"norm.weight": tensors["norm.weight"] + 1}
+    torch.save(changed, tmp_path / "bin" / "pytorch_model.bin")
+    result = checkpoint_diff(str(tmp_path / "bin"), str(tmp_path / "st"), jobs=4)
+    assert result.values is not None and result.values.differ == (("norm.weight", "norm.weight"),)
