@@ -33,6 +33,10 @@ class KeyPattern:
     label: str
     _re: re.Pattern[str] = field(repr=False, compare=False)
     _bounded: Any = field(repr=False, compare=False)
+    #: ``[key, match]`` of the last ``fullmatch``: the planner asks the same key two or three
+    #: times in a row (which rule, its binding, its target), and a time-bounded match costs
+    #: ~20 us (the timeout's bookkeeping is most of it), seconds at 200,000 keys
+    _last: tuple[Any, Any] = field(default=(None, None), repr=False, compare=False)
 
     @classmethod
     def compile(cls, text: str, *, label: str) -> KeyPattern:
@@ -43,6 +47,9 @@ class KeyPattern:
         except regex.error as err:  # the two engines disagree: refuse rather than guess
             raise re.error(f"not supported by the time-bounded matcher ({err})", text) from None
         return cls(text, label, compiled, bounded)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_last": (None, None)}  # a match object does not pickle
 
     @property
     def groups(self) -> int:
@@ -66,14 +73,19 @@ class KeyPattern:
 
     def fullmatch(self, key: str) -> Any:
         """The match of the whole of ``key`` (``expand``, ``group`` as ``re``'s), or None."""
+        last = self._last
+        if last[0] == key:
+            return last[1]
         try:
-            return self._bounded.fullmatch(key, timeout=MATCH_TIMEOUT_S)
+            found = self._bounded.fullmatch(key, timeout=MATCH_TIMEOUT_S)
         except TimeoutError:
             shown = key if len(key) <= 60 else key[:57] + "..."
             raise RuleError([
                 f"{self.label} {quote(self.pattern)} was stopped after {MATCH_TIMEOUT_S:g} s on the "
                 f"{len(key):,}-character key {quote(shown)}: it backtracks catastrophically; rewrite it "
                 "without nested or overlapping repetition such as '(a+)+' or '(a|aa)*'"]) from None
+        object.__setattr__(self, "_last", (key, found))  # one store: another thread sees a pair
+        return found
 
 
 def regex_literal(pattern: str) -> str | None:

@@ -34,13 +34,20 @@ def source_tensors(ckpt: Checkpoint, rules: list[TensorRule], *, read_all: bool 
         return
     for file in ckpt.files:
         keys = ckpt.unread_header_keys(file)  # None once read (by a vocabulary map, say)
-        firsts = {key: first_rule(key) for key in keys or ()}
-        if keys is not None and all(r is None or r.skip is not None for r in firsts.values()):
-            for key in keys:
-                yield key, file, firsts[key]
-            continue
+        if keys is not None:
+            firsts: dict[str, TensorRule | None] = {}
+            for key in keys:  # up to the first key a rule takes: then the header is needed
+                firsts[key] = rule = first_rule(key)
+                if rule is not None and rule.skip is None:
+                    break
+            else:
+                for key in keys:
+                    yield key, file, firsts[key]
+                continue
+        # matched again key by key (not from ``firsts``): the planner then asks the rule for
+        # the same key, which its pattern answers from the match it just made
         for info in ckpt.tensors_of_file(file):
-            yield info.key, info, firsts[info.key] if info.key in firsts else first_rule(info.key)
+            yield info.key, info, first_rule(info.key)
 
 
 def unread_record(source: str, key: str, file: str, rule: TensorRule | None) -> TensorRecord:
