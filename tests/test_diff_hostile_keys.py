@@ -147,3 +147,19 @@ def test_yaml_hostile_printable_keys_convert_exactly(tmp_path: Path, run_cli) ->
         {"match": re.escape("dropped\\.\"x"), "skip": "only in A, no counterpart in B"}]
     api.apply(rules, out=tmp_path / "out", progress=False)
     assert_same(read_output(tmp_path / "out"), b)
+
+
+def test_a_prefix_rename_matches_keys_holding_a_newline(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """The prefix rename diff finds from names (``model\\.(.+)``) takes keys with a newline
+    after the prefix too, and the rule file reproduces B."""
+    a = {"model.x\n  - {match: y}": rand(2, 3, seed=1), "model.z": rand(4, seed=2), "model.w\n": rand(3, seed=3)}
+    b = {k.removeprefix("model."): v for k, v in a.items()}
+    write_model(tmp_path / "a", a, {})
+    write_model(tmp_path / "b", b)
+    rules = tmp_path / "emitted.yaml"
+    proc = run_cli("diff", tmp_path / "a", tmp_path / "b", "--emit-rules", "--out", rules)
+    loaded = yaml.safe_load(rules.read_text("utf-8"))
+    assert loaded["tensors"] == [{"match": "model\\.((?s:.+))", "rename": "\\1"}]
+    assert all(re.fullmatch(loaded["tensors"][0]["match"], k) for k in a)
+    assert proc.returncode == 1  # the engine writes no key holding a control character
+    assert "is not a valid tensor name: it contains a control character" in proc.stderr

@@ -30,7 +30,9 @@ class Rename:
 
     @property
     def match(self) -> str:
-        return re.escape(self.prefix_a) + "(.+)"
+        # '.' takes no newline: a key holding one (after the prefix) needs DOTALL to match
+        rest = "((?s:.+))" if any("\n" in k[len(self.prefix_a):] for k in self.keys) else "(.+)"
+        return re.escape(self.prefix_a) + rest
 
     @property
     def rename(self) -> str:
