@@ -7,6 +7,8 @@ meant. The terminal report quotes keys too."""
 from __future__ import annotations
 
 import re
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -22,6 +24,8 @@ from ckptxform.diff.values import ValueComparison
 from ckptxform.diff.yaml_text import yaml_comment, yaml_string
 from ckptxform.rules.key_pattern import KeyPattern
 from ckptxform.rules.yaml_source import read_yaml
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 # every code point, lone surrogates and control characters included
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
@@ -95,7 +99,7 @@ def test_the_emitted_file_loads_to_exactly_the_rules_diff_meant(keys: list[str],
         path.unlink()
 
 
-def test_a_key_breaking_out_of_a_comment_or_folding_a_regex(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_key_breaking_out_of_a_comment_or_folding_a_regex(tmp_path: Path, run_cli: RunCli) -> None:
     """The issue's keys in real files: a newline and an indented rule (only in B: a comment;
     in both: the keep regex), a terminal escape, a line separator. No key becomes a rule."""
     a = {INJECTION: rand(3, 4, seed=1), "x\x1b[31m.weight": rand(5, seed=2), "y\u2028z: 1": rand(2, 2, seed=3),
@@ -126,7 +130,7 @@ def test_a_key_breaking_out_of_a_comment_or_folding_a_regex(tmp_path: Path, run_
     assert "1 only in B:\n  \"b\\n  - {match: '.+', skip: injected}\"\n" in report.stdout
 
 
-def test_yaml_hostile_printable_keys_convert_exactly(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_yaml_hostile_printable_keys_convert_exactly(tmp_path: Path, run_cli: RunCli) -> None:
     """Quotes, a backslash group reference, '#', ': ', flow brackets, '$1', non-ASCII: the
     emitted rule keeps, renames (found by digest) and skips them, and applied to A gives B."""
     keys = ["q'u\"o\\1te # c", "a: {b: [c]}", "x.$1.\\g<0>", "\u00e9t\u00e9.\u4e2d.weight"]
@@ -149,7 +153,7 @@ def test_yaml_hostile_printable_keys_convert_exactly(tmp_path: Path, run_cli) ->
     assert_same(read_output(tmp_path / "out"), b)
 
 
-def test_a_prefix_rename_matches_keys_holding_a_newline(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_prefix_rename_matches_keys_holding_a_newline(tmp_path: Path, run_cli: RunCli) -> None:
     """The prefix rename diff finds from names (``model\\.(.+)``) takes keys with a newline
     after the prefix too, and the rule file reproduces B."""
     a = {"model.x\n  - {match: y}": rand(2, 3, seed=1), "model.z": rand(4, seed=2), "model.w\n": rand(3, seed=3)}

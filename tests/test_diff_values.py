@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,8 @@ from ckptxform.diff.checkpoint import checkpoint_diff
 from ckptxform.filenames import AUDIT_FILE
 from ckptxform.sources.local import LocalCheckpoint
 from ckptxform.sources.resolve import open_location
+
+RunCli = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def model() -> dict[str, torch.Tensor]:
@@ -63,7 +67,7 @@ def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(values, "BAND", 97)  # every tensor read in several bands, the last one short
 
 
-def test_equal_checkpoints_sharded_otherwise_exit_0(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_equal_checkpoints_sharded_otherwise_exit_0(tmp_path: Path, run_cli: RunCli) -> None:
     write_model(tmp_path / "a", model(), {})
     b = converted(tmp_path, tmp_path / "a", "b")
     assert len(list(b.glob("*.safetensors"))) > 1
@@ -78,7 +82,7 @@ def test_equal_checkpoints_sharded_otherwise_exit_0(tmp_path: Path, run_cli) -> 
     assert json.loads(run_cli("diff", tmp_path / "a", b, "--json").stdout)["differ"] is False
 
 
-def test_tensors_with_other_bytes_are_named_and_exit_1(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_tensors_with_other_bytes_are_named_and_exit_1(tmp_path: Path, run_cli: RunCli) -> None:
     a = model()
     write_model(tmp_path / "a", a, {})
     write_model(tmp_path / "b", a, {})
@@ -97,7 +101,7 @@ def test_tensors_with_other_bytes_are_named_and_exit_1(tmp_path: Path, run_cli) 
                                 "2 with other bytes\n")
 
 
-def test_structure_only_reads_headers_only(tmp_path: Path, run_cli, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_structure_only_reads_headers_only(tmp_path: Path, run_cli: RunCli, monkeypatch: pytest.MonkeyPatch) -> None:
     write_model(tmp_path / "a", model(), {})
     write_model(tmp_path / "b", model(), {})
     flip_byte(tmp_path / "b" / "model.safetensors", "norm.weight", 3)
@@ -138,7 +142,7 @@ def test_a_digest_is_of_the_whole_tensor_read_in_bounded_bands(tmp_path: Path, a
             assert max(reads) <= 97 and sum(reads) == len(whole), key
 
 
-def test_a_renamed_tensor_is_paired_by_digest_and_becomes_a_rename_rule(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_a_renamed_tensor_is_paired_by_digest_and_becomes_a_rename_rule(tmp_path: Path, run_cli: RunCli) -> None:
     """``lm_head.weight`` -> ``head.weight``, byte-identical: a rename rule, and the rule file
     reproduces B. Same bytes under another shape is no rename; of two equal tensors (tied
     weights), each goes to the closest name."""
@@ -198,7 +202,7 @@ def test_audits_of_two_algorithms(tmp_path: Path) -> None:
     assert result.values.sources[1].endswith("; its audit records blake3, the other side's sha256")
 
 
-def test_tensors_structural_ops_move_are_said_not_compared(tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+def test_tensors_structural_ops_move_are_said_not_compared(tmp_path: Path, run_cli: RunCli) -> None:
     a = model()
     write_model(tmp_path / "a", a, {})
     write_model(tmp_path / "b", a | {"layers.0.w": a["layers.0.w"].t()})

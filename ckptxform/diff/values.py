@@ -83,7 +83,7 @@ def _digests(sides: list[_Side], wanted: list[list[str]], algorithm: str,
              jobs: int | None) -> tuple[list[dict[str, str]], int, list[str]]:
     """Each side's digest of each wanted key; the bytes hashed; a note per side."""
     out: list[dict[str, str]] = [{}, {}]
-    jobs_of: list[list[tuple[str, TensorInfo]]] = [[], []]
+    to_hash: list[list[TensorInfo]] = [[], []]
     notes = []
     for i, (side, keys) in enumerate(zip(sides, wanted)):
         audit = side.audit
@@ -91,28 +91,33 @@ def _digests(sides: list[_Side], wanted: list[list[str]], algorithm: str,
             out[i].update((k, audit.digests[k]) for k in keys)
             notes.append(f"read from its audit ({len(keys)} tensors)")
             continue
-        infos = [(k, side.checkpoint.tensors[k]) for k in keys]
-        jobs_of[i] = sorted(infos, key=lambda item: (item[1].file, item[1].offset))
-        size = sum(info.nbytes for _, info in infos)
+        to_hash[i] = sorted((side.checkpoint.tensors[k] for k in keys), key=lambda info: (info.file, info.offset))
         reason = (f"; its audit is not used: {audit.why_not}" if audit.why_not else
-                  f"; its audit records {audit.algorithm}, the other side's {algorithm}" if audit.digests is not None else "")
-        notes.append(f"hashed ({len(keys)} tensors, {size:,} bytes){reason}")
-    workers = max(1, jobs or min(8, os.cpu_count() or 1))
+                  f"; its audit records {audit.algorithm}, the other side's {algorithm}"
+                  if audit.digests is not None else "")
+        notes.append(f"hashed ({len(keys)} tensors, {sum(info.nbytes for info in to_hash[i]):,} bytes){reason}")
+    _hash([s.checkpoint for s in sides], to_hash, algorithm, max(1, jobs or min(8, os.cpu_count() or 1)), out)
+    return out, sum(info.nbytes for side in to_hash for info in side), notes
+
+
+def _hash(checkpoints: list[Checkpoint], to_hash: list[list[TensorInfo]], algorithm: str, workers: int,
+          out: list[dict[str, str]]) -> None:
+    """Fill ``out[side][key]`` with the digest of each tensor of ``to_hash[side]``, on
+    ``workers`` threads, A's and B's tensors interleaved (both sides' files read together)."""
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptxform-diff") as pool:
         futures: list[tuple[int, str, Future[str]]] = []
         try:
-            for n in range(max(len(jobs_of[0]), len(jobs_of[1]))):  # A's and B's files read together
-                for i in (0, 1):
-                    if n < len(jobs_of[i]):
-                        key, info = jobs_of[i][n]
-                        futures.append((i, key, pool.submit(tensor_digest, sides[i].checkpoint, info, algorithm)))
-            for i, key, future in futures:
-                out[i][key] = future.result()
-        except BaseException:
+            for n in range(max(map(len, to_hash))):
+                for side, infos in enumerate(to_hash):
+                    if n < len(infos):
+                        futures.append((side, infos[n].key,
+                                        pool.submit(tensor_digest, checkpoints[side], infos[n], algorithm)))
+            for side, key, future in futures:
+                out[side][key] = future.result()
+        except BaseException:  # an error or ^C: the tensors not started are not read
             for _, _, future in futures:
                 future.cancel()
             raise
-    return out, sum(info.nbytes for side in jobs_of for _, info in side), notes
 
 
 def tensor_digest(checkpoint: Checkpoint, info: TensorInfo, algorithm: str) -> str:
