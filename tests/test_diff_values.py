@@ -227,3 +227,19 @@ def test_values_compare_across_formats(tmp_path: Path) -> None:
     torch.save(changed, tmp_path / "bin" / "pytorch_model.bin")
     result = checkpoint_diff(str(tmp_path / "bin"), str(tmp_path / "st"), jobs=4)
     assert result.values is not None and result.values.differ == (("norm.weight", "norm.weight"),)
+
+
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda out: (out / AUDIT_FILE).write_text((out / AUDIT_FILE).read_text() + "not json\n"),
+     "its audit cannot be read ("),
+    (lambda out: save_file(model() | {"count": torch.arange(5, dtype=torch.int32)}, str(out / "model.safetensors")),
+     "its audit describes tensor 'count' otherwise than its header"),
+])
+def test_an_audit_that_does_not_describe_the_checkpoint_is_not_used(tmp_path: Path, damage: Callable[[Path], object],
+                                                                   why: str) -> None:
+    write_model(tmp_path / "a", model(), {})
+    b = converted(tmp_path, tmp_path / "a", "b", shard="100MB")
+    damage(b)
+    result = checkpoint_diff(str(tmp_path / "a"), str(b))
+    assert result.values is not None and result.values.sources[1].startswith("hashed (")
+    assert f"; its audit is not used: {why}" in result.values.sources[1]
