@@ -83,7 +83,8 @@ def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str
     ``require_pinned`` refuses a Hub source whose revision is a branch or tag.
     ``result.out`` and ``result.audit_path`` are absolute.
     ``digest`` is the hash the audit records for every written tensor: ``"blake3"``
-    (default, ~5x faster) or ``"sha256"``.
+    (default, ~5x faster), ``"sha256"``, or ``"none"`` (no byte read back: the audit holds
+    byte ranges, ``verify`` checks structure and sizes only).
     ``jobs`` output shards are written at once, each in its own worker process (default:
     the cores, bounded by memory and by the shards; 1: all in this process); the output
     is the same for any ``jobs``. A run that fails or is killed keeps its finished shards

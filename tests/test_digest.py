@@ -106,4 +106,44 @@ def test_an_audit_naming_an_unknown_digest_is_one_clear_error(headline_out: Path
     assert proc.returncode == 1
     assert error_lines(proc.stderr) == [
         f"error: {out / AUDIT}:{len(read_audit(out)) - len(written(out))}: the 'written' event's digest is 'md5\\n', "
-        "which this ckptxform cannot check (it knows 'blake3', 'sha256'); upgrade ckptxform"]
+        "which this ckptxform cannot check (it knows 'blake3', 'sha256', 'none'); upgrade ckptxform"]
+
+
+def test_no_digest_writes_the_same_bytes_and_records_where_each_tensor_is(
+        headline: HeadlineStandins, headline_rule: Path, headline_out: Path, run_cli: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli("apply", headline_rule, *source_args(headline.sources), "--out", out, "--digest", "none")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "model.safetensors").read_bytes() == (headline_out / "model.safetensors").read_bytes()
+    hashed = {e["key"]: e for e in written(headline_out)}
+    for event in written(out):
+        assert event["digest"] == "none" and not {"blake3", "sha256"} & set(event)
+        assert event["from"] == hashed[event["key"]]["from"]
+        start, length = tensor_span(out / "model.safetensors", event["key"])
+        assert event["bytes"] == [start, start + length]
+    assert set(hashed) == {e["key"] for e in written(out)}
+
+    ok = run_cli("verify", out)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip().endswith("bytes NOT checked: written with --digest none, their structure and sizes "
+                                      "were checked, not their contents")
+    # what it cannot see: a changed byte; what it still sees: a tensor moved in the file
+    flip_first_byte_of(out, "norm.weight")
+    assert run_cli("verify", out).returncode == 0
+    rewrite_written(out, lambda e: {**e, "bytes": [e["bytes"][0] + 2, e["bytes"][1] + 2]}
+                    if e["key"] == "norm.weight" else e)
+    bad = run_cli("verify", out)
+    assert bad.returncode == 1
+    start, length = tensor_span(out / "model.safetensors", "norm.weight")
+    assert [line.split(": tensor ")[1] for line in error_lines(bad.stderr)] == [
+        f"'norm.weight' is at bytes {start}-{start + length}, the audit says {start + 2}-{start + length + 2}"]
+
+
+def test_a_rerun_with_no_digest_is_up_to_date(headline: HeadlineStandins, headline_rule: Path, run_cli: Any,
+                                              tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ("apply", headline_rule, *source_args(headline.sources), "--out", out, "--digest", "none", "--json")
+    assert run_cli(*args).returncode == 0
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["status"] == "up_to_date"

@@ -129,6 +129,12 @@ def test_a_clone_is_byte_for_byte_a_copy_and_copy_on_write(mount: Path, tmp_path
     assert all(n % CLONE_BLOCK == 0 for n in cloned.values())
     assert data - 6 * 2 * CLONE_BLOCK <= sum(cloned.values()) <= data
     assert grown < data // 4, f"the output's {data} bytes of data took {grown} more bytes of disk"
+    # per tensor, the audit says how its bytes got there: cloned here, kernel-copied there
+    for out, shard_cloned in ((mount / "out", cloned), (tmp_path / "copied", copied_cloned)):
+        moved = [(e["file"], e["moved"]) for e in read_audit(out) if e["event"] == "written"]
+        assert sum(m["written"] for _, m in moved) == 0
+        assert {f: sum(m["cloned"] for g, m in moved if g == f) for f in shard_cloned} == shard_cloned
+        assert sum(m["cloned"] + m["copied"] for _, m in moved) == data
 
     # copy-on-write: rewriting the source where it was cloned leaves OUT as it was
     for shard in sorted(src.glob("*.safetensors")):
@@ -156,3 +162,17 @@ def test_the_layout_lines_copied_tensors_up_with_their_source_in_source_order() 
     assert list(header)[1:] == ["a", "b", "c", "made"]
     plain = plan_layout(specs, max_shard_size=None).shards[0]
     assert [p.spec.key for p in plain.tensors] == ["made", "b", "a", "c"] and len(plain.header) % 8 == 0
+
+
+def test_without_the_digest_a_clone_reads_no_byte_and_verify_says_so(mount: Path, tmp_path: Path) -> None:
+    rule = tmp_path / "rename.yaml"
+    rule.write_text(RULE)
+    src = _source(mount)
+    _apply(rule, src, tmp_path / "copied")
+    api.apply(rule, out=mount / "out", sources={"src": str(src)}, progress=False, fsync=False, digest="none")
+    assert _weights(mount / "out") == _weights(tmp_path / "copied")
+    written = [e for e in read_audit(mount / "out") if e["event"] == "written"]
+    assert {e["digest"] for e in written} == {"none"}
+    assert all(e["moved"]["cloned"] for e in written if e["key"].endswith(".weight"))  # not the 308-byte norms
+    result = verify(mount / "out")
+    assert (result.bytes_checked, result.bytes_unchecked) == (0, sum(e["bytes"][1] - e["bytes"][0] for e in written))

@@ -10,6 +10,7 @@ from ..engine.plan.planner import Plan
 from ..engine.plan.recipes import TensorRecord
 from ..errors import printable, quote_keys, terminal_line
 from ..sources.base import Checkpoint
+from ..tensor_digest import NO_DIGEST
 
 if TYPE_CHECKING:
     from .catalogue import RuleCard
@@ -151,8 +152,22 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
                      f"({_human_bytes(sum(c.nbytes for c in result.copied))}): "
                      + ", ".join(printable(c.copy.target) for c in result.copied))
     lines.extend(_summary(result, len(files)))
+    lines.extend(_how_moved(result))
     lines.append(f"audit: {result.audit_path}")
     return _screen(lines)
+
+
+def _how_moved(result: ApplyResult) -> list[str]:
+    """The bytes the filesystem cloned (when any), and a run without digests said plainly."""
+    lines = []
+    cloned = sum(w.moved["cloned"] for w in result.written if w.moved)
+    if cloned:
+        total = sum(sum(w.moved.values()) for w in result.written if w.moved)
+        lines.append(f"cloned {_human_bytes(cloned)} of {_human_bytes(total)} from the sources (shared extents: "
+                     "no data moved, no space used until either side is changed)")
+    if any(w.algorithm == NO_DIGEST for w in result.written):
+        lines.append("no digests (--digest none): verify checks structure and sizes, not the bytes")
+    return lines
 
 
 def _summary(result: ApplyResult, files: int) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...tensor_digest import DIGESTS, new_hasher, recorded_digest, update_size
+from ...tensor_digest import DIGEST_CHOICES, new_hasher, recorded_digest, unhashed, update_size
 from .audit import AUDIT_FILE
 from .copied_files import check_copied_files
 from ...errors import CkptxformError, VerifyError, quote_keys
@@ -36,6 +36,8 @@ class VerifyResult:
     out: Path
     tensors: int
     bytes_checked: int
+    #: bytes whose records hold no digest (``apply --digest none``): sizes checked, bytes not
+    bytes_unchecked: int = 0
 
 
 def read_audit(out: Path) -> list[dict[str, Any]]:
@@ -57,9 +59,9 @@ def read_audit(out: Path) -> list[dict[str, Any]]:
                               path=str(path), line=number) from None
         if not isinstance(event, dict) or "event" not in event:
             raise VerifyError(f"{path}:{number}: not an audit event", path=str(path), line=number)
-        if event["event"] == "written" and event.get("digest", DIGESTS[0]) not in DIGESTS:
+        if event["event"] == "written" and event.get("digest", DIGEST_CHOICES[0]) not in DIGEST_CHOICES:
             raise VerifyError(f"{path}:{number}: the 'written' event's digest is {event['digest']!r}, which this "
-                              f"ckptxform cannot check (it knows {', '.join(map(repr, DIGESTS))}); upgrade "
+                              f"ckptxform cannot check (it knows {', '.join(map(repr, DIGEST_CHOICES))}); upgrade "
                               "ckptxform", path=str(path), line=number)
         if event["event"] == "written" and not _is_written_event(event):
             raise VerifyError(f"{path}:{number}: a 'written' event needs key, file (a plain file name), shape, "
@@ -75,8 +77,15 @@ def _is_written_event(event: dict[str, Any]) -> bool:
     return (isinstance(event.get("key"), str) and isinstance(file, str) and file not in ("", ".", "..")
             and "/" not in file and "\\" not in file and "\0" not in file
             and isinstance(shape, list) and all(isinstance(d, int) for d in shape)
-            and isinstance(event.get("dtype"), str) and recorded_digest(event) is not None
+            and isinstance(event.get("dtype"), str) and (recorded_digest(event) is not None or _is_span(event))
             and isinstance(event.get("from"), dict))
+
+
+def _is_span(event: dict[str, Any]) -> bool:
+    """A ``--digest none`` record's byte range: ``"bytes": [start, end]``."""
+    span = event.get("bytes")
+    return (unhashed(event) and isinstance(span, list) and len(span) == 2
+            and all(type(n) is int for n in span) and 0 <= span[0] <= span[1])
 
 
 def verify(out: str | os.PathLike[str]) -> VerifyResult:
@@ -101,7 +110,7 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     # a tensor's hash is one core's work: hash two tensors at a time (results in file order)
     pool = ThreadPoolExecutor(max_workers=_HASH_THREADS, thread_name_prefix="ckptxform-verify")
     try:
-        found, checked = _check_files(root, written, files, on_disk, unreadable, pool)
+        found, checked, unchecked = _check_files(root, written, files, on_disk, unreadable, pool)
     finally:
         # interrupted: queued tensors are dropped (the at most two being hashed finish)
         pool.shutdown(wait=False, cancel_futures=True)
@@ -113,17 +122,17 @@ def verify(out: str | os.PathLike[str]) -> VerifyResult:
     problems += check_copied_files(root, events)
     if problems:
         raise VerifyError("\n".join(problems), path=str(root))
-    return VerifyResult(root, len(written), checked)
+    return VerifyResult(root, len(written), checked, unchecked)
 
 
 def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str],
                  on_disk: dict[str, tuple[str, dict[str, Any]]], unreadable: set[str],
-                 pool: ThreadPoolExecutor) -> tuple[list[str], int]:
+                 pool: ThreadPoolExecutor) -> tuple[list[str], int, int]:
     """Every weight file's header and every tensor's digest against the audit: the
-    problems in file order, and the bytes hashed."""
+    problems in file order, the bytes hashed and those with no digest to check."""
     # a problem, or a hash still running: resolved in this order at the end
     found: list[str | _PendingCheck] = []
-    checked = 0
+    checked = unchecked = 0
     for file in files:
         path = root / file
         try:
@@ -157,6 +166,13 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
                 if list(info.shape) != entry["shape"] or info.dtype != entry["dtype"]:
                     found.append(f"{path}: tensor {info.key!r} is {info.dtype} {list(info.shape)}, the audit "
                                  f"says {entry['dtype']} {entry['shape']}")
+                if unhashed(entry):  # --digest none: where the bytes are, not what they are
+                    if entry["bytes"] != [info.offset, info.offset + info.nbytes]:
+                        found.append(f"{path}: tensor {info.key!r} is at bytes {info.offset}-"
+                                     f"{info.offset + info.nbytes}, the audit says {entry['bytes'][0]}-"
+                                     f"{entry['bytes'][1]}")
+                    unchecked += info.nbytes
+                    continue
                 recorded = recorded_digest(entry)
                 assert recorded is not None  # read_audit checked it
                 job = pool.submit(_digest, path, identity, info.offset, info.nbytes, recorded[0])
@@ -166,7 +182,7 @@ def _check_files(root: Path, written: dict[str, dict[str, Any]], files: list[str
             found.append(str(err))
         finally:
             shard.close()
-    return [message for item in found if (message := _resolve(item))], checked
+    return [message for item in found if (message := _resolve(item))], checked, unchecked
 
 
 #: a tensor being hashed: its file, key, the algorithm and digest its record holds, the hash

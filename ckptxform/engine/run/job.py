@@ -17,14 +17,16 @@ from typing import Any, TypeVar
 from ...errors import OutputError, SourceChangedError
 from ...log import logger
 from ...sources.pins import check_unchanged
+from ...tensor_digest import NO_DIGEST
 from ..output.audit import AUDIT_FILE, AuditLog, run_event
 from ..output.copied_files import CopiedFile, copy_files
 from ..output.digest import RunDigest
 from ..output.jobdir import JobDir, ShardRecord
 from ..output.outdir import OutputDir
-from ..plan.layout import OutputLayout
+from ..plan.layout import OutputLayout, TensorPlacement
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
+from ..plan.recipes import OutputPlan
 from .executors import EXECUTORS, default_jobs
 from .options import RunOptions
 from .progress import ShardProgress
@@ -167,8 +169,10 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
     algorithm = job.identity["algorithm"]
     digests = {key: hexdigest for record in records.values() for key, hexdigest in record.digests}
-    written = tuple(sorted((WrittenTensor(o.key, layout.placement(o.key).file, o.shape, o.dtype, digests[o.key],
-                                          o.origin(), algorithm) for o in plan.outputs), key=lambda w: w.key))
+    moved = {key: how for record in records.values()
+             for (key, _), how in zip(record.digests, record.moved, strict=True)}
+    written = tuple(sorted((_written(o, layout.placement(o.key), digests[o.key], algorithm, moved[o.key])
+                            for o in plan.outputs), key=lambda w: w.key))
     job.link_into(odir.tmp_path, [s.file for s in layout.shards])
     write_index(odir, layout)
     config_sha256 = None
@@ -202,6 +206,14 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
         raise
     audit.close()
     return written, copied, odir.commit()
+
+
+def _written(output: OutputPlan, place: TensorPlacement, digest: str, algorithm: str,
+             moved: tuple[int, int]) -> WrittenTensor:
+    span = (place.offset, place.offset + place.nbytes) if algorithm == NO_DIGEST else None
+    cloned, copied = moved
+    return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(), algorithm, span,
+                         {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
 
 
 def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list[dict[str, Any]]:

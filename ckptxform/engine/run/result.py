@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...tensor_digest import DEFAULT_DIGEST, recorded_digest
+from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, recorded_digest
 from ..output.copied_files import CopiedFile
 from ..plan.planner import Plan
 
@@ -17,23 +17,36 @@ class WrittenTensor:
     file: str
     shape: tuple[int, ...]
     dtype: str
-    #: hex digest of the tensor's bytes, by ``algorithm`` (one of ckptxform.tensor_digest.DIGESTS)
+    #: hex digest of the tensor's bytes, by ``algorithm`` (one of ckptxform.tensor_digest.DIGESTS;
+    #: "" for NO_DIGEST)
     digest: str
     origin: dict[str, Any]
     algorithm: str = DEFAULT_DIGEST
+    #: ``[start, end)`` of its bytes in ``file``: recorded when there is no digest, so the
+    #: audit still says where every tensor is
+    span: tuple[int, int] | None = None
+    #: how its bytes reached the file: ``{"cloned": n, "copied": n, "written": n}`` (shared
+    #: extents, a kernel copy, from memory); absent in audits older than the field
+    moved: dict[str, int] | None = None
 
     def to_event(self) -> dict[str, Any]:
         # the record names its algorithm and holds the digest under that name (see ckptxform.digest)
-        return {"event": "written", "key": self.key, "file": self.file, "shape": list(self.shape),
-                "dtype": self.dtype, "digest": self.algorithm, self.algorithm: self.digest, "from": self.origin}
+        if self.algorithm == NO_DIGEST:
+            event = {"event": "written", "key": self.key, "file": self.file, "shape": list(self.shape),
+                     "dtype": self.dtype, "digest": NO_DIGEST, "bytes": list(self.span or ()), "from": self.origin}
+        else:
+            event = {"event": "written", "key": self.key, "file": self.file, "shape": list(self.shape),
+                     "dtype": self.dtype, "digest": self.algorithm, self.algorithm: self.digest, "from": self.origin}
+        if self.moved is not None:
+            event["moved"] = self.moved
+        return event
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> WrittenTensor:
         """The tensor a ``written`` record (checked by ckptxform.engine.output.verify.read_audit) describes."""
-        recorded = recorded_digest(event)
-        assert recorded is not None, event
+        recorded = recorded_digest(event) or (NO_DIGEST, "")
         return cls(event["key"], event["file"], tuple(event["shape"]), event["dtype"], recorded[1], event["from"],
-                   recorded[0])
+                   recorded[0], tuple(event["bytes"]) if recorded[0] == NO_DIGEST else None, event.get("moved"))
 
 
 @dataclass(frozen=True)

@@ -75,10 +75,11 @@ def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], Non
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
         write_outputs(list(work.outputs), sources, writer, progress)
     digests = tuple((p.spec.key, writer.digest(p.spec.key)) for p in shard.tensors)
+    moved = tuple(writer.moved(p.spec.key) for p in shard.tensors)
     # how this shard's Hub bytes were fetched (a worker's sources serve many shards)
     fetches = tuple(event for name in sorted(sources.checkpoints)
                     for event in sources.checkpoints[name].fetch_events()[before[name]:])
-    return job.commit_shard(shard, partial, digests, fetches, writer.bytes_cloned)
+    return job.commit_shard(shard, partial, digests, fetches, writer.bytes_cloned, moved)
 
 
 def run_shard(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardRecord:

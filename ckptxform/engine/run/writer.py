@@ -41,7 +41,7 @@ from ckptxform.errors import (
 )
 
 from ...fileio import hash_range
-from ...tensor_digest import DEFAULT_DIGEST, Hasher, check_digest, new_hasher, update_size
+from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, Hasher, check_digest, new_hasher, update_size
 from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
 from .kernel_copy import KernelCopier, truncated
 from ...errors import io_error
@@ -112,13 +112,16 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
 
 
 class _TensorState:
-    __slots__ = ("block", "clones", "digest", "finished", "hashed", "hasher", "hashes", "lane", "placed", "placement",
-                 "written")
+    __slots__ = ("block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes", "lane",
+                 "placed", "placement", "written")
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
         self.placement = placement
         #: bytes given to ``write``/``copy_runs`` so far; of those, in the file; of those, hashed
         self.written = self.placed = self.hashed = 0
+        #: of the placed bytes, those cloned (shared extents) and those copied in the kernel;
+        #: the rest went through ``write``
+        self.cloned = self.copied = 0
         #: made when its first bytes are hashed, dropped once its digest is known: a hasher
         #: is ~2 KB (BLAKE3's state), held for every tensor of a shard it was most of the
         #: writer's memory at 20,000 tensors
@@ -198,6 +201,8 @@ class ShardWriter:
         self.out = out
         self.layout = layout
         self.algorithm = check_digest(algorithm)
+        #: False with ``--digest none``: no byte is read back (a clone then moves no data)
+        self._hashing = algorithm != NO_DIGEST
         self._tensors = {key: _TensorState(p, algorithm) for key, p in layout.placements.items()}
         self._fds: dict[str, int] = {}
         self._file_locks = {shard.file: threading.Lock() for shard in layout.shards}
@@ -293,7 +298,7 @@ class ShardWriter:
                         at += length
             except OSError as err:
                 raise self._error(file, err) from None
-            self._placed(state, dst_offset, size, clones)
+            self._placed(state, dst_offset, size, clones, copied=True)
             dst_offset += size
             piece, size = [], 0
 
@@ -305,6 +310,8 @@ class ShardWriter:
             if state.written != place.nbytes:
                 raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected {_size(place)}", key=key)
             state.finished = True
+            if not self._hashing:
+                return
             if not state.hashes and not state.clones and state.placed - state.hashed <= _INLINE_HASH:
                 self._hash_inline(state)
             else:
@@ -328,17 +335,24 @@ class ShardWriter:
         return state.hasher
 
     def digest(self, key: str) -> str:
-        """The digest (hex, of ``algorithm``) of finished tensor ``key``, once its hashing is done."""
+        """The digest (hex, of ``algorithm``) of finished tensor ``key``, once its hashing is
+        done ("" with ``--digest none``)."""
         state = self._tensors.get(key)
         if state is None:
             self.layout.placement(key)  # raises the message
             raise AssertionError(key)
         if not state.finished:
             raise OutputError(f"tensor {key!r} is not finished yet", key=key)
-        if not state.digest:
+        if not state.digest and self._hashing:
             _wait_all(state.hashes)
             state.digest, state.hasher, state.hashes = self._hasher(state).hexdigest(), None, []
         return state.digest
+
+    def moved(self, key: str) -> tuple[int, int]:
+        """``(cloned, copied)``: of tensor ``key``'s bytes, those the filesystem cloned and
+        those the kernel copied (the rest were written from memory)."""
+        state = self._tensors[key]
+        return state.cloned, state.copied
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
@@ -383,12 +397,18 @@ class ShardWriter:
             self.bytes_written += size
             return state, offset
 
-    def _placed(self, state: _TensorState, offset: int, size: int, clones: Sequence[Clone] = ()) -> None:
-        """``size`` bytes of ``state``'s tensor are in the file at ``offset`` (``clones`` of them cloned)."""
+    def _placed(self, state: _TensorState, offset: int, size: int, clones: Sequence[Clone] = (),
+                copied: bool = False) -> None:
+        """``size`` bytes of ``state``'s tensor are in the file at ``offset`` (``clones`` of
+        them cloned; the rest copied in the kernel when ``copied``, else written)."""
         with self._lock:
             state.placed += size
+            if copied:
+                cloned = sum(clone[3] for clone in clones)
+                state.cloned += cloned
+                state.copied += size - cloned
             state.clones.extend(clones)
-            if state.placed - state.hashed >= _HASH_WINDOW:
+            if self._hashing and state.placed - state.hashed >= _HASH_WINDOW:
                 self._hash_placed(state)
         self._start_writeback(self._fds[state.placement.file], offset, size)
 
