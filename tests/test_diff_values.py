@@ -189,6 +189,15 @@ def test_an_audit_is_trusted_only_while_its_files_are_unchanged(tmp_path: Path) 
     assert rehashed.sources[1].startswith("hashed (6 tensors, ")
 
 
+def test_an_audit_without_digests_is_not_used(tmp_path: Path) -> None:
+    write_model(tmp_path / "a", model(), {})
+    b = converted(tmp_path, tmp_path / "a", "b", digest="none")
+    result = checkpoint_diff(str(tmp_path / "a"), str(b))
+    assert result.values is not None and not result.differs
+    assert result.values.sources[1].endswith(
+        "; its audit is not used: its audit records no digest for some tensors (apply --digest none)")
+
+
 def test_audits_of_two_algorithms(tmp_path: Path) -> None:
     """A's audit records sha256, B's BLAKE3: the comparison takes sha256 from A's audit and
     hashes B, saying why."""

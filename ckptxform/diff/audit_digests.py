@@ -55,9 +55,13 @@ def audit_digests(checkpoint: Checkpoint) -> AuditDigests:
     if why_not is not None:
         return AuditDigests(why_not=why_not)
     recorded = {e["key"]: recorded_digest(e) for e in events if e.get("event") == "written"}
+    if any(r is None for r in recorded.values()):
+        return AuditDigests(why_not="its audit records no digest for some tensors (apply --digest none)")
     algorithms = {r[0] for r in recorded.values() if r is not None}
-    if len(algorithms) != 1:
+    if len(algorithms) > 1:
         return AuditDigests(why_not="its audit mixes digest algorithms")
+    if not algorithms:  # a checkpoint without tensors: nothing to take
+        return AuditDigests()
     return AuditDigests(algorithms.pop(), {k: r[1] for k, r in recorded.items() if r is not None})
 
 
