@@ -410,7 +410,8 @@ def preflight(location: str, verifier: str | None, consumers: str | None, as_jso
 @click.argument("location_a")
 @click.argument("location_b")
 @click.option("--structure-only", is_flag=True,
-              help="Compare headers only (keys, shapes, dtypes); read no tensor bytes.")
+              help="Compare headers only (keys, shapes, dtypes); read no tensor bytes (a Hub checkpoint's "
+                   "weights are then not fetched).")
 @click.option("--rehash", is_flag=True,
               help="Hash every tensor compared, even where a checkpoint's audit log records its digest.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
