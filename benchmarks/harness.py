@@ -43,15 +43,16 @@ def paired_ratio(a: Result, b: Result) -> float:
     return statistics.median(x / y for x, y in zip(a.walls, b.walls, strict=True))
 
 
-def measure(argv: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of one command. GNU time reports the RSS: a child
-    forked from this Python process would count the parent's pages as its own."""
+def measure(argv: list[str], ok: tuple[int, ...] = (0,)) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of one command, which must exit with a code of
+    ``ok``. GNU time reports the RSS: a child forked from this Python process would count
+    the parent's pages as its own."""
     with tempfile.NamedTemporaryFile("r") as rss_file:
         start = time.perf_counter()
         proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *argv],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wall = time.perf_counter() - start
-        if proc.returncode != 0:
+        if proc.returncode not in ok:
             raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.decode()}")
         return wall, int(rss_file.read().split()[-1])
 
@@ -83,7 +84,8 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Path, reps: int) -> dict[str, Result]:
+def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Path, reps: int,
+                   ok: tuple[int, ...] = (0,)) -> dict[str, Result]:
     results = {name: Result(name, [], []) for name in contenders}
     for rep in range(reps):
         order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
@@ -91,7 +93,7 @@ def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Pat
             out = work / f"out-{name.replace(' ', '_')}"
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run(["sync"], check=True)
-            wall, rss = measure(contenders[name](out))
+            wall, rss = measure(contenders[name](out), ok)
             results[name].walls.append(wall)
             results[name].rss.append(rss)
             shutil.rmtree(out, ignore_errors=True)

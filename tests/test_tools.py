@@ -85,9 +85,11 @@ def test_diff_finds_the_layout_rename_and_emits_a_working_rule(tmp_path: Path,
     assert [(r.match, r.rename, len(r.keys)) for r in result.renames] == [(r"midlayer\.(.+)", r"layers.0.\1", 10)]
     assert result.only_a == tuple(sorted(k for k in result.only_a if k.startswith("midlayer.")))
     assert result.unexplained_a == [] and result.unexplained_b == []
-    text = _cli("diff", str(a), str(a_spec)).stdout
-    assert "rename 'midlayer\\.(.+)' -> 'layers.0.\\1' maps 10 keys of A onto B" in text
-    assert "10 only in A:\n  midlayer.hidden_norm.weight\n" in text
+    run = _cli("diff", str(a), str(a_spec))
+    assert run.returncode == 1, run.stderr  # the keys differ
+    text = run.stdout
+    assert "rename 'midlayer\\\\.(.+)' -> 'layers.0.\\\\1' maps 10 keys of A onto B" in text
+    assert "10 only in A:\n  'midlayer.hidden_norm.weight'\n" in text
     # The emitted rule file validates and, applied to A, reproduces B's tensors exactly.
     rules = tmp_path / "generated.yaml"
     rules.write_text(_cli("diff", str(a), str(a_spec), "--emit-rules").stdout)
@@ -112,15 +114,17 @@ def test_diff_reports_shape_and_dtype_changes(tmp_path: Path) -> None:
 
     save_file({"x": torch.zeros(2, 3), "y": torch.zeros(4), "only_a": torch.zeros(1)}, str(tmp_path / "a.safetensors"))
     save_file({"x": torch.zeros(3, 2), "y": torch.zeros(4, dtype=torch.bfloat16)}, str(tmp_path / "b.safetensors"))
-    text = _cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")).stdout
-    assert text.endswith(
+    run = _cli("diff", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors"), "--structure-only")
+    assert run.returncode == 1, run.stderr
+    assert run.stdout.endswith(
         "0 keys in both with the same shape and dtype\n"
-        "1 only in A:\n  only_a\n"
+        "1 only in A:\n  'only_a'\n"
         "0 only in B\n"
         "2 in both with another shape or dtype:\n"
-        "  x: A F32 [2, 3], B F32 [3, 2]\n"
-        "  y: A F32 [4], B BF16 [4]\n"
-        "{transpose: [0, 1]}: 'x' -> 'x' explains 1 keys of A, 1 of B\n")
+        "  'x': A F32 [2, 3], B F32 [3, 2]\n"
+        "  'y': A F32 [4], B BF16 [4]\n"
+        "{transpose: [0, 1]}: 'x' -> 'x' explains 1 keys of A, 1 of B\n"
+        "headers differ\n")
 
 
 def test_demo_runs_offline_and_says_where_things_are(tmp_path: Path) -> None:

@@ -409,18 +409,28 @@ def preflight(location: str, verifier: str | None, consumers: str | None, as_jso
 @main.command()
 @click.argument("location_a")
 @click.argument("location_b")
+@click.option("--structure-only", is_flag=True,
+              help="Compare headers only (keys, shapes, dtypes); read no tensor bytes (a Hub checkpoint's "
+                   "weights are then not fetched).")
+@click.option("--rehash", is_flag=True,
+              help="Hash every tensor compared, even where a checkpoint's audit log records its digest.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Tensors hashed at once (default: the cores, at most 8).")
 @click.option("--emit-rules", is_flag=True, help="Print a starting rule file converting A into B's layout; "
               "it is applied to A and compared with B, exit 1 naming each tensor it does not reproduce.")
 @click.option("--out", "out", type=click.Path(dir_okay=False), default=None,
               help="With --emit-rules: write the rule file here (paths in it made relative to it).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @reports_errors
-def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as_json: bool) -> None:
-    """Compare two checkpoints' keys, shapes and dtypes; suggest renames and structural ops."""
+def diff(location_a: str, location_b: str, structure_only: bool, rehash: bool, jobs: int | None, emit_rules: bool,
+         out: str | None, as_json: bool) -> None:
+    """Compare two checkpoints: keys, shapes, dtypes and (by digest) the bytes of every
+    tensor; suggest renames and structural ops. Exit 0 when A and B hold the same tensors,
+    1 when they differ (with --emit-rules: 0 when the rule file reproduces B, else 1)."""
     from ..diff.checkpoint import checkpoint_diff
     from ..diff.check import NotReproduced, checked_rules
 
-    result = checkpoint_diff(location_a, location_b)
+    result = checkpoint_diff(location_a, location_b, values=not structure_only, use_audits=not rehash, jobs=jobs)
     if emit_rules:
         try:  # a rule that does not give B is still the starting point: written, then refused
             text, refused = checked_rules(result, out), None
@@ -433,8 +443,10 @@ def diff(location_a: str, location_b: str, emit_rules: bool, out: str | None, as
             click.echo(text, nl=False)
         if refused is not None:
             raise refused
-    else:
-        click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
+        return
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else result.text())
+    if result.differs:
+        sys.exit(1)
 
 
 @main.command()

@@ -10,7 +10,9 @@ import tempfile
 from pathlib import Path
 
 from .checkpoint import CheckpointDiff
-from ..errors import CkptxformError
+from .emit import rules_yaml
+from .yaml_text import yaml_comment, yaml_string
+from ..errors import CkptxformError, quote_keys
 from ..sources.base import Checkpoint, TensorInfo
 from ..sources.resolve import open_location
 
@@ -28,19 +30,19 @@ class NotReproduced(CkptxformError):
 
 
 def checked_rules(diff: CheckpointDiff, saved_as: str | None = None) -> str:
-    """``diff``'s rule file (``CheckpointDiff.rules_yaml``), checked: ``NotReproduced``
+    """``diff``'s rule file (``emit.rules_yaml``), checked: ``NotReproduced``
     (its text, with each tensor not reproduced listed at its end) unless it gives B."""
-    text = diff.rules_yaml(saved_as)
+    text = rules_yaml(diff, saved_as)
     failed, gaps = reproduction_gaps(diff)
     if failed is None and not gaps:
         return text
-    lines = [f"does not apply to A: {failed}"] if failed is not None else [f"{k}: {why}" for k, why in gaps]
+    lines = ([f"does not apply to A: {yaml_comment(failed)}"] if failed is not None else
+             [f"{yaml_string(k)}: {yaml_comment(why)}" for k, why in gaps])
     text += "# NOT REPRODUCED: applied to A, this rule file does not give B:\n"
     text += "".join(f"#   {line}\n" for line in lines)
     keys = [k for k, _ in gaps]
-    shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
     message = (f"the emitted rule does not apply to A ({failed})" if failed is not None else
-               f"the emitted rule does not reproduce B: {len(keys)} tensor(s) differ ({shown})")
+               f"the emitted rule does not reproduce B: {len(keys)} tensor(s) differ ({quote_keys(keys, limit=5)})")
     raise NotReproduced(text, message + "; the rule file lists why at its end: edit it, then check it with "
                                         "ckptxform apply")
 
@@ -52,7 +54,7 @@ def reproduction_gaps(diff: CheckpointDiff) -> tuple[str | None, list[tuple[str,
 
     with tempfile.TemporaryDirectory(prefix="ckptxform-diff-") as tmp:
         rules = Path(tmp) / "emitted.yaml"
-        rules.write_text(diff.rules_yaml(str(rules)), "utf-8")
+        rules.write_text(rules_yaml(diff, str(rules)), "utf-8")
         try:
             api.apply(rules, out=Path(tmp) / "out", progress=False, fsync=False)
         except CkptxformError as err:

@@ -3,18 +3,21 @@
 Keys only in A, only in B, shape/dtype differences, the structural ops that explain some
 of them (stack, concat, split, transpose: diff_structure.py), and the prefix renames that
 map A's keys onto B's (``midlayer\\.(.+)`` -> ``layers.0.\\1``, or a prefix dropped), found
-by pairing keys that end alike and have the same shape and dtype. Headers only.
+by pairing keys that end alike and have the same shape and dtype; then the values
+(``values.py``): which tensors hold other bytes, and which tensors only in A are tensors
+only in B under another name (the same bytes).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from .structure import StructuralRule, infer_structure
+from .values import ValueComparison, compare_values
+from ..errors import quote
 from ..sources.base import TensorInfo
 from ..sources.resolve import open_location
 
@@ -27,7 +30,9 @@ class Rename:
 
     @property
     def match(self) -> str:
-        return re.escape(self.prefix_a) + "(.+)"
+        # '.' takes no newline: a key holding one (after the prefix) needs DOTALL to match
+        rest = "((?s:.+))" if any("\n" in k[len(self.prefix_a):] for k in self.keys) else "(.+)"
+        return re.escape(self.prefix_a) + rest
 
     @property
     def rename(self) -> str:
@@ -46,82 +51,87 @@ class CheckpointDiff:
     structural: tuple[StructuralRule, ...] = field(default=())
     #: A has a config.json (a Meta checkpoint has params.json): the rule passes it on
     a_has_config: bool = True
+    #: the digests' verdict; None: headers only (``--structure-only``)
+    values: ValueComparison | None = None
+
+    @property
+    def renamed_by_digest(self) -> tuple[tuple[str, str], ...]:
+        """(A's key, B's key): only in A, only in B, the same bytes, explained by no other rule."""
+        return self.values.renamed if self.values is not None else ()
 
     @property
     def unexplained_a(self) -> list[str]:
-        covered = {k for r in self.renames for k in r.keys} | {k for s in self.structural for k in s.a_keys}
+        covered = ({k for r in self.renames for k in r.keys} | {k for s in self.structural for k in s.a_keys}
+                   | {a for a, _ in self.renamed_by_digest})
         return [k for k in self.only_a if k not in covered]
 
     @property
     def unexplained_b(self) -> list[str]:
         produced = ({r.prefix_b + k[len(r.prefix_a):] for r in self.renames for k in r.keys}
-                    | {k for s in self.structural for k in s.b_keys})
+                    | {k for s in self.structural for k in s.b_keys} | {b for _, b in self.renamed_by_digest})
         return [k for k in self.only_b if k not in produced]
 
+    @property
+    def differs(self) -> bool:
+        """A and B hold other tensors: keys, shapes, dtypes or (values compared) bytes."""
+        return bool(self.only_a or self.only_b or self.changed or (self.values is not None and self.values.differ))
+
     def text(self) -> str:
-        lines = [f"A: {self.location_a}", f"B: {self.location_b}",
-                 f"{len(self.same)} keys in both with the same shape and dtype"]
+        """The report ``diff`` prints; every key quoted (``errors.quote``)."""
+        values = self.values
+        lines = [f"A: {quote(self.location_a)}", f"B: {quote(self.location_b)}"]
+        if values is None:
+            lines.append(f"{len(self.same)} keys in both with the same shape and dtype")
+        else:
+            other = [a for a, b in values.differ if a == b]
+            lines.append(f"{len(self.same)} keys in both with the same shape and dtype: "
+                         f"{len(self.same) - len(other)} hold the same bytes")
+            lines.append(f"{len(other)} in both with the same shape and dtype but other bytes" + (":" if other else ""))
+            lines.extend(f"  {quote(k)}" for k in other)
         for title, keys in (("only in A", self.only_a), ("only in B", self.only_b)):
             lines.append(f"{len(keys)} {title}" + (":" if keys else ""))
-            lines.extend(f"  {k}" for k in keys)
+            lines.extend(f"  {quote(k)}" for k in keys)
         lines.append(f"{len(self.changed)} in both with another shape or dtype" + (":" if self.changed else ""))
-        lines.extend(f"  {k}: A {a}, B {b}" for k, a, b in self.changed)
+        lines.extend(f"  {quote(k)}: A {a}, B {b}" for k, a, b in self.changed)
         for s in self.structural:
-            lines.append(f"{'; '.join(s.ops)}: '{s.key}' -> '{s.to}' explains {len(s.a_keys)} keys of A, "
+            lines.append(f"{'; '.join(s.ops)}: {quote(s.key)} -> {quote(s.to)} explains {len(s.a_keys)} keys of A, "
                          f"{len(s.b_keys)} of B")
         for r in self.renames:
-            lines.append(f"rename '{r.match}' -> '{r.rename}' maps {len(r.keys)} keys of A onto B")
+            lines.append(f"rename {quote(r.match)} -> {quote(r.rename)} maps {len(r.keys)} keys of A onto B")
+        if values is not None:
+            lines.extend(f"renamed, other bytes: {quote(a)} -> {quote(b)}" for a, b in values.differ if a != b)
+            lines.extend(f"renamed, same bytes: {quote(a)} -> {quote(b)}" for a, b in values.renamed)
+            moved = sum(len(s.a_keys) for s in self.structural)
+            if moved:
+                lines.append(f"{moved} tensors of A that structural ops move: values not compared "
+                             "(--emit-rules applies the ops and compares the result with B)")
+            lines.append(f"digests ({values.algorithm}): A {values.sources[0]}; B {values.sources[1]}")
+        lines.append(self.verdict())
         return "\n".join(lines)
 
+    def verdict(self) -> str:
+        if self.values is None:
+            return ("headers differ" if self.differs else
+                    "headers agree (values not compared: drop --structure-only to compare them)")
+        if not self.differs:
+            return "equal: the same keys, shapes, dtypes and bytes"
+        return (f"different: {len(self.only_a)} only in A, {len(self.only_b)} only in B, {len(self.changed)} "
+                f"with another shape or dtype, {len(self.values.differ)} with other bytes")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"a": self.location_a, "b": self.location_b, "same": list(self.same),
+        values = self.values
+        return {"a": self.location_a, "b": self.location_b, "differ": self.differs, "same": list(self.same),
                 "only_a": list(self.only_a), "only_b": list(self.only_b),
                 "changed": [{"key": k, "a": a, "b": b} for k, a, b in self.changed],
                 "renames": [{"match": r.match, "rename": r.rename, "keys": list(r.keys)} for r in self.renames],
                 "structural": [{"key": s.key, "to": s.to, "ops": list(s.ops), "a_keys": list(s.a_keys),
-                                "b_keys": list(s.b_keys)} for s in self.structural]}
-
-    def rules_yaml(self, saved_as: str | None = None) -> str:
-        """A starting rule file converting A into B's layout; every line is for review.
-        ``saved_as``: the file it will be written to (the ``$schema`` comment and the
-        source path are made relative to it; None: to the working directory)."""
-        from ..rules.invert import schema_reference
-
-        quote = _yaml_quote
-        base = os.path.dirname(os.path.abspath(saved_as)) if saved_as else os.getcwd()
-        # printed, A stays as typed (relative to the working directory, where the file is
-        # most likely saved); written with --out, it is made relative to that file
-        location = (os.path.relpath(self.location_a, base) if saved_as and os.path.exists(self.location_a)
-                    else self.location_a)
-        lines = [f"# yaml-language-server: $schema={schema_reference(base)}",
-                 f"# Generated by `ckptxform diff {self.location_a} {self.location_b} --emit-rules`.",
-                 "# A starting point: check every rule, then `ckptxform plan` it.",
-                 "version: 1", "name: a-to-b", "sources:", f"  source: {{path: {quote(location)}}}",
-                 "convert: source", "tensors:"]
-        for s in self.structural:
-            lines += [f"  - key: {quote(s.key)}", f"    to: {quote(s.to)}", f"    ops: [{', '.join(s.ops)}]"]
-        for r in self.renames:
-            lines += [f"  - match: {quote(r.match)}", f"    rename: {quote(r.rename)}"]
-        transposed = {k for s in self.structural for k in s.a_keys}
-        changed = [(k, a, b) for k, a, b in self.changed if k not in transposed]
-        if self.same or changed:
-            keys = sorted([*self.same, *(k for k, _, _ in changed)])
-            lines.append(f"  - match: {quote('|'.join(re.escape(k) for k in keys))}")
-            for k, a, b in changed:
-                lines.append(f"    # {k}: A {a}, B {b}: decide how to convert it")
-        for k in self.unexplained_a:
-            lines += [f"  - match: {quote(re.escape(k))}", "    skip: only in A, no counterpart in B"]
-        for k in self.unexplained_b:
-            lines.append(f"# not produced, only in B: {k} (add it with add: or a rename)")
-        if self.a_has_config:
-            lines += ["config:", "  from: source  # B's config.json may differ: compare them and add keep/set"]
-        else:
-            lines.append("# A has no config.json: write the config section B's config.json needs by hand")
-        return "\n".join(lines) + "\n"
-
-
-def _yaml_quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+                                "b_keys": list(s.b_keys)} for s in self.structural],
+                "values": None if values is None else {
+                    "digest": values.algorithm, "compared": values.compared,
+                    "other_bytes": [{"a": a, "b": b} for a, b in values.differ],
+                    "renamed_same_bytes": [{"a": a, "b": b} for a, b in values.renamed],
+                    "digests_a": values.sources[0], "digests_b": values.sources[1],
+                    "hashed_bytes": values.hashed_bytes}}
 
 
 def _describe(info: TensorInfo) -> str:
@@ -164,22 +174,35 @@ def find_renames(a: dict[str, TensorInfo], b: dict[str, TensorInfo]) -> list[Ren
         remaining_b -= {prefix_b + k[len(prefix_a):] for k in keys}
 
 
-def checkpoint_diff(location_a: str, location_b: str) -> CheckpointDiff:
-    """Compare two checkpoints from their headers."""
+def checkpoint_diff(location_a: str, location_b: str, *, values: bool = True, use_audits: bool = True,
+                    jobs: int | None = None) -> CheckpointDiff:
+    """Compare two checkpoints: headers, then (``values``) the bytes of every tensor the
+    headers pair, by digest (``values.compare_values``: from a trusted audit unless not
+    ``use_audits``, else hashed on ``jobs`` threads)."""
     with open_location(location_a, name="A") as ca, open_location(location_b, name="B") as cb:
         a, b = dict(ca.tensors), dict(cb.tensors)
         a_has_config = ca.config() is not None
-    common = sorted(set(a) & set(b))
-    only_a = sorted(set(a) - set(b))
-    only_b = sorted(set(b) - set(a))
-    changed = tuple((k, _describe(a[k]), _describe(b[k])) for k in common if _describe(a[k]) != _describe(b[k]))
-    same = tuple(k for k in common if _describe(a[k]) == _describe(b[k]))
-    moved = set(only_a) | {k for k, _, _ in changed}
-    structural = infer_structure({k: a[k] for k in sorted(moved)},
-                                 {k: b[k] for k in sorted(set(only_b) | {k for k, _, _ in changed})})
-    explained_a = {k for s in structural for k in s.a_keys}
-    explained_b = {k for s in structural for k in s.b_keys}
-    renames = find_renames({k: a[k] for k in only_a if k not in explained_a},
-                           {k: b[k] for k in only_b if k not in explained_b})
+        common = sorted(set(a) & set(b))
+        only_a = sorted(set(a) - set(b))
+        only_b = sorted(set(b) - set(a))
+        changed = tuple((k, _describe(a[k]), _describe(b[k])) for k in common
+                        if _describe(a[k]) != _describe(b[k]))
+        same = tuple(k for k in common if _describe(a[k]) == _describe(b[k]))
+        moved = set(only_a) | {k for k, _, _ in changed}
+        structural = infer_structure({k: a[k] for k in sorted(moved)},
+                                     {k: b[k] for k in sorted(set(only_b) | {k for k, _, _ in changed})})
+        explained_a = {k for s in structural for k in s.a_keys}
+        explained_b = {k for s in structural for k in s.b_keys}
+        renames = find_renames({k: a[k] for k in only_a if k not in explained_a},
+                               {k: b[k] for k in only_b if k not in explained_b})
+        comparison = None
+        if values:
+            renamed = [(k, r.prefix_b + k[len(r.prefix_a):]) for r in renames for k in r.keys]
+            explained_a |= {x for x, _ in renamed}
+            explained_b |= {y for _, y in renamed}
+            left_a = [k for k in only_a if k not in explained_a]
+            left_b = [k for k in only_b if k not in explained_b]
+            comparison = compare_values(ca, cb, [(k, k) for k in same] + renamed, left_a, left_b,
+                                        use_audits=use_audits, jobs=jobs)
     return CheckpointDiff(location_a, location_b, tuple(only_a), tuple(only_b), changed, same, tuple(renames),
-                          tuple(structural), a_has_config)
+                          tuple(structural), a_has_config, comparison)
