@@ -4,6 +4,7 @@ the bookkeeping shows.
     python benchmarks/count_bench.py                          # 20,000 and 200,000 tensors in 64 shards
     python benchmarks/count_bench.py --counts 20000 --reps 3  # one count, three repetitions
     python benchmarks/count_bench.py --smoke                  # 2,000 and 8,000 tensors, seconds
+    python benchmarks/count_bench.py --kimi                   # compressed_int4_to_bf16, Kimi-K2.5-shaped
 
 A source of N BF16 [2, 4] tensors named like a MoE's experts
 (``model.layers.S.experts.I.wK.weight``) in 64 shards with an index, and one rename rule.
@@ -15,6 +16,12 @@ Contenders, each in its own process, alternating, from a warm page cache:
   tensor is still hashed and audited).
 Reported per count: median wall, peak RSS (GNU time), ratios to the naive script as the
 median of per-repetition ratios; then how much N costs against the smallest count.
+
+``--kimi``: a Kimi-K2.5-shaped checkpoint at its real tensor count (61 layers, 60 of them
+MoE with 384 routed experts whose gate/up/down projections are compressed-tensors int4:
+weight_packed, weight_scale, weight_shape; ~208,000 tensors) at 1/32 of the widths (the experts 16 wide), in 64
+shards, through ``rules/compressed_int4_to_bf16.yaml``, against the naive rename script
+run on the same checkpoint (what only moving the tensors costs).
 """
 
 from __future__ import annotations
@@ -72,6 +79,36 @@ def build_source(root: Path, count: int, shards: int) -> None:
     (root / "config.json").write_text(json.dumps({"architectures": ["X"], "model_type": "llama"}))
 
 
+NAIVE_PREFIX_RENAME = NAIVE_RENAME.replace(
+    r'pattern.fullmatch(k).expand(r"layers.\1.e.\2.\3")', 'k.replace("model.", "m.", 1)')
+
+
+def kimi_scenario(work: Path, shards: int, reps: int) -> dict[str, object]:
+    """compressed_int4_to_bf16 at Kimi-K2.5's tensor count, against the naive rename."""
+    from ckptxform.standins.deepseek import KIMI_K2_TEXT
+    from ckptxform.standins.quantized import build_kimi_k2
+
+    src = work / "kimi-int4"
+    if not src.exists():
+        dims = KIMI_K2_TEXT.scaled(32, vocab=2048, moe_intermediate=16)
+        build_kimi_k2(src, dims, quantization="int4", group=16, num_shards=shards)
+    count = len(json.loads((src / "model.safetensors.index.json").read_text())["weight_map"])
+    warm(src)
+    naive = work / "naive_prefix_rename.py"
+    naive.write_text(NAIVE_PREFIX_RENAME)
+    rule = HERE.parent / "rules" / "compressed_int4_to_bf16.yaml"
+    contenders = {
+        "naive rename": lambda out: [PY, str(naive), str(src), str(out)],
+        "ckptxform apply compressed_int4_to_bf16 --no-fsync": lambda out: [
+            PY, "-m", "ckptxform", "apply", "-q", "--no-fsync", str(rule), "--source", f"model={src}",
+            "--out", str(out)],
+    }
+    results = run_contenders(contenders, work, reps)
+    return {"count": count, "shards": shards, "reps": reps,
+            "results": {name: {"walls": r.walls, "wall": r.wall, "peak_mb": r.peak_mb,
+                               "vs_naive": paired_ratio(r, results["naive rename"])} for name, r in results.items()}}
+
+
 def scenario(work: Path, count: int, shards: int, reps: int) -> dict[str, object]:
     src = work / f"src-{count}"
     if not src.exists():
@@ -105,6 +142,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="2,000 and 8,000 tensors in 8 shards, one repetition")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temporary one)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--kimi", action="store_true",
+                    help="compressed_int4_to_bf16 on a Kimi-K2.5-shaped checkpoint (~208,000 tensors) instead")
     args = ap.parse_args()
     counts = [2000, 8000] if args.smoke else [int(c) for c in args.counts.split(",")]
     shards = 8 if args.smoke else args.shards
@@ -112,7 +151,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="ckptxform-count-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        figures = [scenario(work, count, shards, args.reps) for count in counts]
+        figures = ([kimi_scenario(work, args.shards, args.reps)] if args.kimi
+                   else [scenario(work, count, shards, args.reps) for count in counts])
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
