@@ -8,9 +8,23 @@ shipped rules' comments):
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (``_get_eagle3_aux_layers_from_config``);
   SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids``. Absent, each uses
   EAGLE's default verifier layers 2, N/2, N-3 (N: the verifier's layer count).
-- EAGLE-3 norm flags. speculators and vLLM read a missing ``norm_before_residual``,
-  ``norm_before_fc``, ``fc_norm`` or ``norm_output`` as false; SpecForge, which trains the
-  drafters SGLang serves, reads a missing ``norm_output`` as true.
+- EAGLE-3 norm flags (read at speculators c05b95b, vLLM, SGLang and SpecForge a6b6b02).
+  speculators reads a missing ``norm_before_residual``, ``norm_before_fc``, ``fc_norm`` or
+  ``norm_output`` as false (src/speculators/models/eagle3/config.py L43-82). vLLM reads a
+  *speculators* config through ``update_eagle3``
+  (vllm/transformers_utils/configs/speculators/algos.py L32:
+  ``config_dict.get("norm_before_residual", True)``): a missing ``norm_before_residual``
+  is TRUE there, false in speculators. A native config vLLM reads with ``getattr(config,
+  "norm_before_residual", False)`` (vllm/model_executor/models/llama_eagle3.py,
+  LlamaDecoderLayer.__init__). ``norm_output: true`` means EAGLE-3.1 everywhere it is read
+  at inference: the post-norm hidden state is fed to the next draft step (speculators
+  config.py L76-82 and models/eagle3/core.py L302; vLLM pull request #42764; SGLang's
+  llama_eagle3.py, default false, cited by SpecForge pull request #879); absent or false
+  is classic EAGLE-3 (pre-norm feedback, normed lm_head input) for every consumer. SpecForge
+  between July and September 2026 read it otherwise (specforge/modeling/draft/llama3_eagle.py
+  L1690 and L1773 at a6b6b02: default true, meaning only "norm before lm_head", feedback
+  always pre-norm), so its drafters of that time may say ``norm_output: true`` for classic
+  EAGLE-3; its pull request #879 aligned it with the others.
 - DFlash verifier layers. z-lab's ``dflash_config.target_layer_ids`` i reads the
   verifier's hidden_states[i + 1] (index 0 is the embedding output); speculators' and
   vLLM's ``aux_hidden_state_layer_ids`` are used as they are, so a z-lab id must be shifted
@@ -50,12 +64,13 @@ EAGLE3_AUX_FIELDS: dict[str, tuple[str, ...]] = {
 }
 EAGLE3_DEFAULT_AUX = "EAGLE's default verifier layers 2, N/2 and N-3"
 
-#: EAGLE-3 flag -> consumer -> what a missing flag is read as (consumers not listed: false)
-EAGLE3_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
-    "norm_before_residual": {},
+#: EAGLE-3 flag -> (layout, consumer) -> what a missing flag is read as (pairs not listed:
+#: false); see the module docstring for where each was read
+EAGLE3_FLAG_DEFAULTS: dict[str, dict[tuple[str, str], bool]] = {
+    "norm_before_residual": {("speculators", "vllm"): True},
     "norm_before_fc": {},
     "fc_norm": {},
-    "norm_output": {"sglang": True},
+    "norm_output": {},
 }
 
 #: DFlash-family flag -> (family -> what speculators reads a missing one as)
@@ -64,15 +79,20 @@ DFLASH_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
 }
 
 
-def flag_default(flag: str, consumer: str) -> bool:
-    return EAGLE3_FLAG_DEFAULTS[flag].get(consumer, False)
+def flag_default(flag: str, consumer: str, layout: str) -> bool:
+    return EAGLE3_FLAG_DEFAULTS[flag].get((layout, consumer), False)
 
 
-def readers(flag: str) -> str:
-    """Who reads a missing ``flag`` how, e.g. ``speculators, vllm read false; sglang reads true``."""
+def disagree(flag: str, layout: str) -> bool:
+    """Whether consumers of ``layout`` read a missing ``flag`` differently."""
+    return len({flag_default(flag, c, layout) for c in CONSUMERS[:3]}) > 1
+
+
+def readers(flag: str, layout: str) -> str:
+    """Who reads a missing ``flag`` how, e.g. ``speculators, sglang read false; vllm reads true``."""
     by_value: dict[bool, list[str]] = {}
     for consumer in CONSUMERS[:3]:
-        by_value.setdefault(flag_default(flag, consumer), []).append(consumer)
+        by_value.setdefault(flag_default(flag, consumer, layout), []).append(consumer)
     return "; ".join(f"{', '.join(names)} read{'s' if len(names) == 1 else ''} {str(value).lower()}"
                      for value, names in by_value.items())
 
