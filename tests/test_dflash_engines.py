@@ -118,3 +118,26 @@ def test_what_zlab_cannot_hold_is_refused(field: str, change: Any, tmp_path: Pat
     (speculators / "config.json").write_text(json.dumps(config))
     message = _refused({"model": str(speculators), "verifier": str(verifier)}, tmp_path / "out")
     assert field in message, message
+
+
+def test_preflight_names_a_missing_block_size(tmp_path: Path) -> None:
+    """The dflash package reads a missing block_size as 16, speculators' DFlash config as 8."""
+    zlab, verifier, speculators = _speculators(tmp_path, NEWER, seed=31)
+    back = _back(tmp_path, speculators, verifier)
+    for path, consumers, pop in ((back, "transformers", ("block_size", "dflash_config.block_size")),
+                                 (speculators, "speculators", ("block_size",))):
+        config = _config(path)
+        for field in pop:
+            *parents, last = field.split(".")
+            holder = config
+            for part in parents:
+                holder = holder[part]
+            del holder[last]
+        (path / "config.json").write_text(json.dumps(config))
+        report = preflight(str(path), verifier=str(verifier), consumers=consumers)
+        [finding] = report.findings
+        reads = ("z-lab's dflash package reads 16 (its default), speculators' DFlashConverter refuses the checkpoint"
+                 if consumers == "transformers" else "reads 8 (DFlashSpeculatorConfig's default)")
+        assert finding.text() == (f"block_size: absent: {reads}; a block other than the one the drafter was trained "
+                                  "with drafts at the wrong positions; fix: write block_size, as the drafter was "
+                                  "trained")

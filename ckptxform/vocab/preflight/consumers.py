@@ -73,6 +73,17 @@ EAGLE3_FLAG_DEFAULTS: dict[str, dict[tuple[str, str], bool]] = {
     "norm_output": {},
 }
 
+#: DFlash ``block_size`` where it is missing -> (layout, consumer) -> what that consumer
+#: does: speculators' DFlashSpeculatorConfig defaults it to 8 (models/dflash/config.py);
+#: z-lab's dflash package reads ``dflash_config.block_size``, then the top-level one, else 16
+#: (dflash 0.1.0, dflash/model.py DFlashDraftModel.__init__), and speculators'
+#: DFlashConverter refuses a z-lab config with neither (convert/dflash/converter.py)
+DFLASH_BLOCK_DEFAULTS: dict[tuple[str, str], str] = {
+    ("speculators", "speculators"): "reads 8 (DFlashSpeculatorConfig's default)",
+    ("native", "transformers"): "z-lab's dflash package reads 16 (its default), speculators' DFlashConverter "
+                                "refuses the checkpoint",
+}
+
 #: DFlash-family flag -> (family -> what speculators reads a missing one as)
 DFLASH_FLAG_DEFAULTS: dict[str, dict[str, bool]] = {
     "sample_from_anchor": {"dflash": False, "dspark": True},
