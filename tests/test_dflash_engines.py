@@ -124,15 +124,17 @@ def test_preflight_names_a_missing_block_size(tmp_path: Path) -> None:
     """The dflash package reads a missing block_size as 16, speculators' DFlash config as 8."""
     zlab, verifier, speculators = _speculators(tmp_path, NEWER, seed=31)
     back = _back(tmp_path, speculators, verifier)
-    for path, consumers, pop in ((back, "transformers", ("block_size", "dflash_config.block_size")),
-                                 (speculators, "speculators", ("block_size",))):
+
+    def zlab_without(config: dict[str, Any]) -> None:
+        del config["block_size"], config["dflash_config"]["block_size"]
+
+    def speculators_without(config: dict[str, Any]) -> None:
+        del config["block_size"]
+
+    for path, consumers, drop in ((back, "transformers", zlab_without), (speculators, "speculators",
+                                                                          speculators_without)):
         config = _config(path)
-        for field in pop:
-            *parents, last = field.split(".")
-            holder = config
-            for part in parents:
-                holder = holder[part]
-            del holder[last]
+        drop(config)
         (path / "config.json").write_text(json.dumps(config))
         report = preflight(str(path), verifier=str(verifier), consumers=consumers)
         [finding] = report.findings
