@@ -140,6 +140,20 @@ def test_every_rule_that_writes_a_drafter_config_writes_the_norm_flags(tmp_path:
         assert flags == dict.fromkeys(FLAGS, False), name
 
 
+def test_native_outputs_name_the_verifier_layers_where_each_engine_reads_them(tmp_path: Path,
+                                                                              headline: HeadlineStandins) -> None:
+    """SGLang and SpecForge read eagle_config.eagle_aux_hidden_state_layer_ids, vLLM the
+    top-level field first (gpu_model_runner._get_eagle3_aux_layers_from_config): a native
+    output names the same list in both places; a speculators output at the top level only."""
+    for name, config in _configs(tmp_path, headline).items():
+        top = config["eagle_aux_hidden_state_layer_ids"]
+        assert top and all(isinstance(i, int) for i in top), name
+        if config.get("speculators_model_type") is None:
+            assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == top, name
+        else:
+            assert "eagle_config" not in config, name
+
+
 def test_a_flag_the_source_states_is_carried(tmp_path: Path) -> None:
     drafter = build_llama_eagle3(tmp_path / "d", seed=9)
     config = json.loads((drafter.path / "config.json").read_text())
