@@ -67,7 +67,10 @@ def test_round_trip_gives_back_the_zlab_drafter(dims: DFlashDims, seed: int, tmp
     original.setdefault("block_size", dims.block_size)
     original["dflash_config"].setdefault("block_size", dims.block_size)
     assert written == original
-    assert preflight(str(back), verifier=str(verifier)).exit_code == 0
+    report = preflight(str(back), verifier=str(verifier))
+    assert report.exit_code == 0 and report.consumers == ("vllm", "sglang", "transformers"), report.text()
+    # vLLM reads dflash_config.target_layer_ids + 1, since its pull request #40727 only
+    assert any("pull request #40727" in note for note in report.notes), report.text()
 
 
 @needs_dflash

@@ -32,9 +32,9 @@ DRAFTER_RULES: dict[str, str | None] = {
     "dflash_to_speculators": "speculators,vllm",
     "mtp_extract": "speculators,vllm",
     "dspark_to_speculators": "speculators,vllm,llama.cpp",  # llama.cpp reads DSpark in the speculators layout
-    "speculators_to_dspark": "sglang",
-    # transformers: z-lab's dflash package loads through it (tests/test_dflash_engines.py)
-    "speculators_to_dflash": "sglang,transformers",
+    "speculators_to_dspark": "vllm,sglang",  # vLLM reads DeepSpec's target_layer_ids + 1
+    # vLLM reads dflash_config.target_layer_ids + 1; transformers: z-lab's dflash package loads through it
+    "speculators_to_dflash": "vllm,sglang,transformers",
     # SGLang's standalone NextN layer: a DeepSeek model config, so only the model checks
     # (config against tensors) apply
     "deepseek_nextn_extract": "transformers",

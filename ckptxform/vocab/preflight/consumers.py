@@ -28,7 +28,11 @@ shipped rules' comments):
 - DFlash verifier layers. z-lab's ``dflash_config.target_layer_ids`` i reads the
   verifier's hidden_states[i + 1] (index 0 is the embedding output); speculators' and
   vLLM's ``aux_hidden_state_layer_ids`` are used as they are, so a z-lab id must be shifted
-  by +1 on the way (an id shifted past the verifier's last layer is dropped).
+  by +1 on the way (an id shifted past the verifier's last layer is dropped). vLLM also
+  reads a native config: ``dflash_config.target_layer_ids + 1`` (and DeepSpec's
+  ``target_layer_ids + 1``) when there is no ``eagle_aux_hidden_state_layer_ids``
+  (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, get_eagle3_aux_layers_from_config;
+  before its pull request #40727 the ids went unshifted, one layer early).
 - DFlash ``sample_from_anchor``: speculators' DFlash reads a missing one as false, its
   DSpark as true (DeepSpec's convention: the anchor slot drafts too). DeepSpec's DSpark
   ``target_layer_ids`` are z-lab's convention, with -1 the embedding output.
@@ -48,10 +52,10 @@ DEFAULT_CONSUMERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("eagle3", "speculators"): ("speculators", "vllm"),
     ("eagle3", "native"): ("sglang", "vllm"),
     ("dflash", "speculators"): ("speculators", "vllm"),
-    ("dflash", "native"): ("sglang", "transformers"),
+    ("dflash", "native"): ("vllm", "sglang", "transformers"),
     ("mtp", "speculators"): ("speculators", "vllm"),
     ("dspark", "speculators"): ("speculators", "vllm"),
-    ("dspark", "native"): ("sglang",),
+    ("dspark", "native"): ("vllm", "sglang"),
 }
 
 #: where each consumer reads an EAGLE-3 drafter's verifier layers, first found wins

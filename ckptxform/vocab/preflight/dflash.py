@@ -53,7 +53,7 @@ def _native(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     ids = ids_or_none(ctx.drafter.get(field))
     for consumer in ctx.consumers:
-        if consumer in ("speculators", "vllm"):
+        if consumer == "speculators":
             rule = "dflash_to_speculators" if ctx.family == "dflash" else "dspark_to_speculators"
             out.append(Finding(consumer, "layout", "speculators_model_type",
                                f"a {'z-lab DFlash' if ctx.family == 'dflash' else 'DeepSpec DSpark'} config (no "
@@ -92,3 +92,13 @@ def _block_size(ctx: Context) -> list[Finding]:
                     f"absent: {DFLASH_BLOCK_DEFAULTS[(ctx.layout, c)]}; a block other than the one the drafter was "
                     "trained with drafts at the wrong positions", "write block_size, as the drafter was trained")
             for c in ctx.consumers if (ctx.layout, c) in DFLASH_BLOCK_DEFAULTS]
+
+
+def dflash_notes(ctx: Context) -> list[str]:
+    """vLLM reads a native DFlash or DSpark config's layer ids + 1, but not every release did."""
+    if ctx.layout != "native" or ctx.family not in ("dflash", "dspark") or "vllm" not in ctx.consumers:
+        return []
+    field = _ZLAB if ctx.family == "dflash" else "target_layer_ids"
+    return [f"vllm reads {field} + 1 (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, "
+            "get_eagle3_aux_layers_from_config); releases before its pull request #40727 read the ids as they are, "
+            "one layer early: serve this layout with a release that has it, or convert to the speculators layout"]
