@@ -210,6 +210,10 @@ def test_absent_norm_output_is_read_alike(eagle3: tuple[Path, Path], tmp_path: P
     _edit_config(native, lambda c: (c.update(norm_output=True), c.pop("norm_before_residual")))
     report = preflight(str(native), verifier=str(eagle3[1]))
     assert report.exit_code == 0 and any("pull request #879" in n for n in report.notes), report.text()
+    assert not any("only in eagle_config" in n for n in report.notes), report.text()
+    _edit_config(native, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))
+    report = preflight(str(native), verifier=str(eagle3[1]))
+    assert report.exit_code == 0 and any("only in eagle_config" in n for n in report.notes), report.text()
 
 
 def test_dflash_with_unshifted_ids_for_speculators(dflash: tuple[Path, Path], tmp_path: Path) -> None:

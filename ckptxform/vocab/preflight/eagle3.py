@@ -69,8 +69,15 @@ def _flag_findings(ctx: Context) -> list[Finding]:
 def eagle3_notes(ctx: Context) -> list[str]:
     """``norm_output: true`` in a native config: EAGLE-3.1 (post-norm feedback) for every
     consumer, but SpecForge wrote it for classic EAGLE-3 before its pull request #879."""
-    if ctx.family != "eagle3" or ctx.layout != "native" or ctx.drafter.get("norm_output") is not True:
+    if ctx.family != "eagle3" or ctx.layout != "native":
         return []
-    return ["norm_output is true: SGLang, vLLM and speculators feed the post-norm hidden state to the next draft "
-            "step (EAGLE-3.1); SpecForge before its pull request #879 (September 2026) wrote true for classic "
-            "EAGLE-3 drafters, which want false: check how this drafter was trained"]
+    notes = []
+    if ctx.drafter.get("norm_output") is True:
+        notes.append("norm_output is true: SGLang, vLLM and speculators feed the post-norm hidden state to the next "
+                     "draft step (EAGLE-3.1); SpecForge before its pull request #879 (September 2026) wrote true for "
+                     "classic EAGLE-3 drafters, which want false: check how this drafter was trained")
+    if "vllm" in ctx.consumers and ids_or_none(ctx.drafter.get("eagle_aux_hidden_state_layer_ids")) is None \
+            and ids_or_none(ctx.drafter.get("eagle_config.eagle_aux_hidden_state_layer_ids")) is not None:
+        notes.append("the verifier layers are only in eagle_config: vLLM releases that read only the top-level "
+                     "eagle_aux_hidden_state_layer_ids feed EAGLE's default layers; write the same list there too")
+    return notes
