@@ -123,9 +123,12 @@ def _configs(tmp_path: Path, headline: HeadlineStandins) -> dict[str, dict[str, 
 
 def test_every_rule_that_writes_a_drafter_config_writes_the_norm_flags(tmp_path: Path,
                                                                        headline: HeadlineStandins) -> None:
-    """SpecForge reads a missing norm_output as true, speculators and vLLM as false: no
-    output leaves it to the reader. The stand-ins' native configs (like SpecForge's Kimi-K2
-    config) carry no flag, their speculators configs say norm_before_residual false only."""
+    """vLLM reads a missing norm_before_residual in a speculators config as true, speculators
+    as false: no output leaves a flag to the reader. A source that states none is a classic
+    EAGLE-3 drafter for every trainer, so every flag is written false; in particular
+    norm_output, whose true is EAGLE-3.1's post-norm feedback to speculators
+    (models/eagle3/config.py L76-82, core.py L302), vLLM and SGLang (an earlier version of
+    these rules wrote true, turning classic drafters into EAGLE-3.1 ones)."""
     configs = _configs(tmp_path, headline)
     from test_rule_library import NOT_EAGLE3_RULES, TRAINER_RULES, VERIFIER_RULES
 
@@ -134,21 +137,32 @@ def test_every_rule_that_writes_a_drafter_config_writes_the_norm_flags(tmp_path:
     assert sorted(configs) == sorted(drafter_rules)
     for name, config in configs.items():
         flags = {flag: config.get(flag) for flag in FLAGS}
-        # a native source's silence read as SpecForge reads it; a speculators source's as false
-        norm_output = name != "speculators_to_eagle3.yaml"
-        assert flags == {"norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
-                         "norm_output": norm_output}, name
+        assert flags == dict.fromkeys(FLAGS, False), name
+
+
+def test_native_outputs_name_the_verifier_layers_where_each_engine_reads_them(tmp_path: Path,
+                                                                              headline: HeadlineStandins) -> None:
+    """SGLang and SpecForge read eagle_config.eagle_aux_hidden_state_layer_ids, vLLM the
+    top-level field first (gpu_model_runner._get_eagle3_aux_layers_from_config): a native
+    output names the same list in both places; a speculators output at the top level only."""
+    for name, config in _configs(tmp_path, headline).items():
+        top = config["eagle_aux_hidden_state_layer_ids"]
+        assert top and all(isinstance(i, int) for i in top), name
+        if config.get("speculators_model_type") is None:
+            assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == top, name
+        else:
+            assert "eagle_config" not in config, name
 
 
 def test_a_flag_the_source_states_is_carried(tmp_path: Path) -> None:
     drafter = build_llama_eagle3(tmp_path / "d", seed=9)
     config = json.loads((drafter.path / "config.json").read_text())
-    (drafter.path / "config.json").write_text(json.dumps({**config, "norm_output": False,
+    (drafter.path / "config.json").write_text(json.dumps({**config, "norm_output": True,
                                                           "norm_before_residual": True}))
     out = api.apply(RULES / "eagle3_to_speculators.yaml", out=tmp_path / "out",
                     sources={"drafter": str(drafter.path)}).out
     written = json.loads((out / "config.json").read_text())
-    assert (written["norm_output"], written["norm_before_residual"]) == (False, True)
+    assert (written["norm_output"], written["norm_before_residual"], written["fc_norm"]) == (True, True, False)
 
 
 def test_a_config_default_must_be_json_or_an_expression(tmp_path: Path) -> None:

@@ -180,15 +180,40 @@ def test_aux_ids_absent_names_each_consumers_default(eagle3: tuple[Path, Path], 
 
 
 def test_absent_norm_flag_names_who_reads_it_how(eagle3: tuple[Path, Path], tmp_path: Path) -> None:
+    """vLLM reads a speculators config's missing norm_before_residual as true
+    (vllm/transformers_utils/configs/speculators/algos.py, update_eagle3:
+    ``config_dict.get("norm_before_residual", True)``), speculators as false
+    (speculators/models/eagle3/config.py L43)."""
     out = _copy(eagle3[0], tmp_path / "d")
-    _edit_config(out, lambda c: c.pop("norm_output"))
-    report = preflight(str(out), verifier=str(eagle3[1]), consumers="speculators,sglang")
+    _edit_config(out, lambda c: c.pop("norm_before_residual"))
+    report = preflight(str(out), verifier=str(eagle3[1]), consumers="speculators,vllm")
     found = [f for f in report.findings if f.check == "flag-missing"]
     assert [f.text() for f in found] == [
-        "norm_output: absent, and consumers disagree on its default (speculators, vllm read false; sglang reads "
-        f"true): {c} reads {v}; a drafter trained with the other value drafts from wrongly normalised states; fix: "
-        "write norm_output explicitly, as the drafter was trained" for c, v in (("speculators", "false"),
-                                                                                ("sglang", "true"))]
+        "norm_before_residual: absent, and consumers disagree on its default in a speculators config (speculators, "
+        f"sglang read false; vllm reads true): {c} reads {v}; a drafter trained with the other value drafts from "
+        "wrongly normalised states; fix: write norm_before_residual explicitly, as the drafter was trained"
+        for c, v in (("speculators", "false"), ("vllm", "true"))]
+    assert report.exit_code == 1
+
+
+def test_absent_norm_output_is_read_alike(eagle3: tuple[Path, Path], tmp_path: Path) -> None:
+    """Absent, norm_output is classic EAGLE-3 for speculators, vLLM and SGLang alike (false);
+    a native config that says true gets a note (SpecForge wrote true for classic drafters
+    before its pull request #879)."""
+    out = _copy(eagle3[0], tmp_path / "d")
+    _edit_config(out, lambda c: c.pop("norm_output"))
+    assert preflight(str(out), verifier=str(eagle3[1]), consumers="speculators,vllm").exit_code == 0
+    native = api.apply(RULES / "speculators_to_eagle3.yaml", out=tmp_path / "native", sources={"drafter": str(out)},
+                       progress=False).out
+    # a native config's missing norm_before_residual is false to vLLM (getattr(config, ..., False) in
+    # llama_eagle3.py) and SGLang alike: no finding
+    _edit_config(native, lambda c: (c.update(norm_output=True), c.pop("norm_before_residual")))
+    report = preflight(str(native), verifier=str(eagle3[1]))
+    assert report.exit_code == 0 and any("pull request #879" in n for n in report.notes), report.text()
+    assert not any("only in eagle_config" in n for n in report.notes), report.text()
+    _edit_config(native, lambda c: c.pop("eagle_aux_hidden_state_layer_ids"))
+    report = preflight(str(native), verifier=str(eagle3[1]))
+    assert report.exit_code == 0 and any("only in eagle_config" in n for n in report.notes), report.text()
 
 
 def test_dflash_with_unshifted_ids_for_speculators(dflash: tuple[Path, Path], tmp_path: Path) -> None:

@@ -171,7 +171,8 @@ VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxf
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
-                    "mtp_graft.yaml", "dspark_to_speculators.yaml", "speculators_to_dspark.yaml")
+                    "mtp_graft.yaml", "dspark_to_speculators.yaml", "speculators_to_dspark.yaml",
+                    "speculators_to_dflash.yaml")
 
 #: one stand-in builder per shipped rule: a new rule must come with its stand-ins
 STANDINS: dict[str, Callable[[Path], Scenario]] = {
@@ -195,6 +196,7 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "dflash_to_speculators.yaml": lambda root: _dflash(root),
     "dspark_to_speculators.yaml": lambda root: _dspark(root),
     "speculators_to_dspark.yaml": lambda root: _speculators_dspark(root),
+    "speculators_to_dflash.yaml": lambda root: _speculators_dflash(root),
     "mtp_graft.yaml": lambda root: _mtp_graft(root),
     "deepseek_nextn_extract.yaml": lambda root: _deepseek_v3(root),
 }
@@ -236,6 +238,13 @@ def _dspark(root: Path) -> Scenario:
     verifier = build_dspark_verifier(root / "Qwen3-4B", seed=18)
     drafter = build_dspark_drafter(root / "DSpark-Qwen3-4B", verifier.path, seed=19)
     return Scenario({"model": str(drafter.path), "verifier": str(verifier.path)}, frozenset(drafter.keys), "model")
+
+
+def _speculators_dflash(root: Path) -> Scenario:
+    from ckptxform.standins.for_rules import STANDINS as RULE_STANDINS
+
+    sources = RULE_STANDINS["speculators_to_dflash"].build(root)
+    return Scenario(sources, frozenset(read_output(Path(sources["model"]))), "model")
 
 
 def _speculators_dspark(root: Path) -> Scenario:

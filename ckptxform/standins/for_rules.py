@@ -117,6 +117,16 @@ def _speculators_dspark(root: Path) -> dict[str, str]:
     return {"model": str(drafter), "verifier": deepspec["verifier"]}
 
 
+def _speculators_dflash(root: Path) -> dict[str, str]:
+    """A speculators DFlash drafter: what dflash_to_speculators writes of z-lab's layout."""
+    from ckptxform import api
+
+    zlab = _dflash(root / "zlab")
+    drafter = api.apply("dflash_to_speculators", out=root / "Qwen3-8B-speculator.dflash", sources=zlab,
+                        progress=False).out
+    return {"model": str(drafter), "verifier": zlab["verifier"]}
+
+
 def _mtp_graft(root: Path) -> dict[str, str]:
     """A verifier, and its MTP layer with other (fine-tuned) values as a standalone drafter:
     what mtp_extract writes of it, which is what speculators' converter writes."""
@@ -340,6 +350,10 @@ STANDINS: dict[str, RuleStandin] = {
         _speculators_dspark, "speculators DSpark drafter", "DeepSpec's Qwen3DSparkModel layout (aux ids - 1)",
         "speculators-trained Qwen3 DSpark drafters (anchor-first blocks)",
         "DeepSpec -> speculators -> DeepSpec gives back the tensors and config fields"),
+    "speculators_to_dflash": RuleStandin(
+        _speculators_dflash, "speculators DFlash drafter (Qwen3 layers)", "z-lab DFlash layout (aux ids - 1)",
+        "speculators-trained Qwen3 DFlash drafters",
+        "z-lab's dflash 0.1.0 loads it strictly; z-lab -> speculators -> z-lab gives back the tensors and config"),
     "mtp_graft": RuleStandin(
         _mtp_graft, "standalone MTP drafter + its verifier", "the verifier with that MTP layer (mtp.*)",
         "Qwen/Qwen3-Next-80B-A3B, Qwen3.5 with a speculators-trained MTP head",

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 
 from .consumers import CONSUMERS, DEFAULT_CONSUMERS, parse_consumers
 from .context import Context
-from .dflash import dflash_findings
+from .dflash import dflash_findings, dflash_notes
 from .drafter import family_and_layout, open_checkpoint, open_verifier
-from .eagle3 import eagle3_findings
+from .eagle3 import eagle3_findings, eagle3_notes
 from .findings import Finding, PreflightReport
 from .layers import width_findings
 from .vocab_checks import special_notes, vocab_findings
@@ -49,6 +49,6 @@ def preflight(location: str, *, verifier: str | None = None,
         "(give --verifier)"]
     order = {c: i for i, c in enumerate(CONSUMERS)}
     findings.sort(key=lambda f: order[f.consumer])
-    notes = special_notes(ctx) if family in _DRAFTER_FAMILIES else []
+    notes = (special_notes(ctx) + eagle3_notes(ctx) + dflash_notes(ctx)) if family in _DRAFTER_FAMILIES else []
     return PreflightReport(location, family, layout, chosen, tuple(findings), tuple(unchecked),
                            None if opened is None else opened.location, tuple(notes))

@@ -5,7 +5,7 @@ default depends on the model (see ``consumers``)."""
 
 from __future__ import annotations
 
-from .consumers import DFLASH_FLAG_DEFAULTS
+from .consumers import DFLASH_BLOCK_DEFAULTS, DFLASH_FLAG_DEFAULTS
 from .context import Context
 from .findings import Finding, for_each
 from .layers import fc_width_findings, ids_or_none, range_findings
@@ -17,7 +17,7 @@ _ZLAB = "dflash_config.target_layer_ids"
 
 def dflash_findings(ctx: Context) -> list[Finding]:
     if ctx.layout == "native":
-        return _native(ctx)
+        return _native(ctx) + _block_size(ctx)
     out: list[Finding] = []
     ids = ids_or_none(ctx.drafter.get(_FIELD))
     zlab = ids_or_none(ctx.drafter.get(_ZLAB)) or ids_or_none(ctx.drafter.get("transformer_layer_config." + _ZLAB))
@@ -31,7 +31,7 @@ def dflash_findings(ctx: Context) -> list[Finding]:
         out += _unshifted(consumer, ids, zlab)
         out += range_findings(ctx, consumer, _FIELD, ids)
         out += fc_width_findings(ctx, consumer, len(ids))
-    out += _flags(ctx)
+    out += _flags(ctx) + _block_size(ctx)
     return out
 
 
@@ -53,7 +53,7 @@ def _native(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     ids = ids_or_none(ctx.drafter.get(field))
     for consumer in ctx.consumers:
-        if consumer in ("speculators", "vllm"):
+        if consumer == "speculators":
             rule = "dflash_to_speculators" if ctx.family == "dflash" else "dspark_to_speculators"
             out.append(Finding(consumer, "layout", "speculators_model_type",
                                f"a {'z-lab DFlash' if ctx.family == 'dflash' else 'DeepSpec DSpark'} config (no "
@@ -81,3 +81,24 @@ def _flags(ctx: Context) -> list[Finding]:
                         f"is read as {str(defaults.get(ctx.family, False)).lower()}",
                         f"write {flag} explicitly, as the drafter was trained")
     return out
+
+
+def _block_size(ctx: Context) -> list[Finding]:
+    """A DFlash drafter's block size, absent where its readers' defaults differ."""
+    if ctx.family != "dflash" or ctx.drafter.get("block_size") is not None \
+            or ctx.drafter.get("dflash_config.block_size") is not None:
+        return []
+    return [Finding(c, "block-size-missing", "block_size",
+                    f"absent: {DFLASH_BLOCK_DEFAULTS[(ctx.layout, c)]}; a block other than the one the drafter was "
+                    "trained with drafts at the wrong positions", "write block_size, as the drafter was trained")
+            for c in ctx.consumers if (ctx.layout, c) in DFLASH_BLOCK_DEFAULTS]
+
+
+def dflash_notes(ctx: Context) -> list[str]:
+    """vLLM reads a native DFlash or DSpark config's layer ids + 1, but not every release did."""
+    if ctx.layout != "native" or ctx.family not in ("dflash", "dspark") or "vllm" not in ctx.consumers:
+        return []
+    field = _ZLAB if ctx.family == "dflash" else "target_layer_ids"
+    return [f"vllm reads {field} + 1 (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, "
+            "get_eagle3_aux_layers_from_config); releases before its pull request #40727 read the ids as they are, "
+            "one layer early: serve this layout with a release that has it, or convert to the speculators layout"]

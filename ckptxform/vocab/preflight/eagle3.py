@@ -4,7 +4,7 @@ differently (see ``consumers``)."""
 
 from __future__ import annotations
 
-from .consumers import EAGLE3_AUX_FIELDS, EAGLE3_DEFAULT_AUX, EAGLE3_FLAG_DEFAULTS, flag_default, readers
+from .consumers import EAGLE3_AUX_FIELDS, EAGLE3_DEFAULT_AUX, EAGLE3_FLAG_DEFAULTS, disagree, flag_default, readers
 from .context import Context
 from .findings import Finding, for_each
 from .layers import fc_width_findings, ids_or_none, range_findings
@@ -53,13 +53,31 @@ def _conflicts(ctx: Context) -> list[Finding]:
 
 def _flag_findings(ctx: Context) -> list[Finding]:
     out: list[Finding] = []
-    for flag, defaults in EAGLE3_FLAG_DEFAULTS.items():
-        if ctx.drafter.has(flag) or not defaults:  # every consumer reads a missing one alike
+    for flag in EAGLE3_FLAG_DEFAULTS:
+        if ctx.drafter.has(flag) or not disagree(flag, ctx.layout):  # every consumer reads a missing one alike
             continue
         for consumer in ctx.consumers:
-            value = str(flag_default(flag, consumer)).lower()
+            value = str(flag_default(flag, consumer, ctx.layout)).lower()
             out.append(Finding(consumer, "flag-missing", flag,
-                               f"absent, and consumers disagree on its default ({readers(flag)}): {consumer} reads "
-                               f"{value}; a drafter trained with the other value drafts from wrongly normalised states",
+                               f"absent, and consumers disagree on its default in a {ctx.layout} config "
+                               f"({readers(flag, ctx.layout)}): {consumer} reads {value}; a drafter trained with the "
+                               "other value drafts from wrongly normalised states",
                                f"write {flag} explicitly, as the drafter was trained"))
     return out
+
+
+def eagle3_notes(ctx: Context) -> list[str]:
+    """``norm_output: true`` in a native config: EAGLE-3.1 (post-norm feedback) for every
+    consumer, but SpecForge wrote it for classic EAGLE-3 before its pull request #879."""
+    if ctx.family != "eagle3" or ctx.layout != "native":
+        return []
+    notes = []
+    if ctx.drafter.get("norm_output") is True:
+        notes.append("norm_output is true: SGLang, vLLM and speculators feed the post-norm hidden state to the next "
+                     "draft step (EAGLE-3.1); SpecForge before its pull request #879 (September 2026) wrote true for "
+                     "classic EAGLE-3 drafters, which want false: check how this drafter was trained")
+    if "vllm" in ctx.consumers and ids_or_none(ctx.drafter.get("eagle_aux_hidden_state_layer_ids")) is None \
+            and ids_or_none(ctx.drafter.get("eagle_config.eagle_aux_hidden_state_layer_ids")) is not None:
+        notes.append("the verifier layers are only in eagle_config: vLLM releases that read only the top-level "
+                     "eagle_aux_hidden_state_layer_ids feed EAGLE's default layers; write the same list there too")
+    return notes
