@@ -8,6 +8,8 @@ models the rule was not tuned for: head_dim apart from hidden / heads (40 with h
 8 heads, 48 with 4 heads), GQA (2 kv heads of 8), an intermediate size that is no whole block
 (its down projection falls back to F16, as llama.cpp does), and each block format gguf-py
 dequantizes (quantized with gguf-py where it has a quantizer, else valid random blocks).
+Tied embeddings (no output.weight) and Qwen2 GGUFs (rules/gguf_qwen2_to_hf.yaml: q/k not
+permuted, q/k/v biases, no vocab_size in the metadata) likewise.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import _type_traits  # noqa: E402
 
 RULE = Path(__file__).resolve().parents[1] / "rules" / "gguf_to_hf.yaml"
+QWEN2_RULE = RULE.with_name("gguf_qwen2_to_hf.yaml")
 REFERENCE = "needs the 'reference' extra: pip install torch==2.13.0 -e '.[test,reference]'"
 #: every block format gguf-py dequantizes (so transformers' loader does), and the plain ones
 FORMATS = sorted({t.name for t in _type_traits} | {"F16", "BF16", "F32"})
@@ -40,7 +43,7 @@ pytestmark = pytest.mark.reference
 def transformers_load(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     """What transformers makes of the GGUF file ``path``: its tensors (float32) and config."""
     transformers = pytest.importorskip("transformers", reason=REFERENCE)
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=str(path),
                                                                     output_loading_info=True)
     assert (info["missing_keys"], info["unexpected_keys"]) == (set(), set()), info
     tensors = {k: v.detach().numpy() for k, v in model.state_dict().items()}
@@ -53,7 +56,8 @@ def assert_same(path: Path, out: Path) -> dict:
     got = {k: v.numpy() for k, v in read_output(out).items()}
     config = json.loads((out / "config.json").read_text())
     if config.get("tie_word_embeddings"):
-        want.pop("lm_head.weight")  # the tied view of the embeddings, not saved
+        assert want_config["tie_word_embeddings"] is True
+        assert np.array_equal(want.pop("lm_head.weight"), want["model.embed_tokens.weight"])
     assert sorted(got) == sorted(want)
     for key, value in want.items():
         assert got[key].dtype == np.float32 and got[key].shape == value.shape, key
@@ -84,3 +88,28 @@ def test_a_split_set_with_other_dims_is_what_transformers_loads_of_the_whole(tmp
     first = build_llama_gguf(tmp_path / "split" / "m.gguf", qtype="Q6_K", dims=dims, seed=17, split_max_tensors=10)
     out = api.apply(str(RULE), out=tmp_path / "hf", sources={"model": str(first)}, progress=False).out
     assert_same(whole, out)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_K", "IQ3_S", "F16"])
+def test_tied_embeddings_are_what_transformers_loads(tmp_path: Path, kind: str) -> None:
+    """No output.weight: no lm_head.weight written, tie_word_embeddings true."""
+    dims = GgufDims(hidden=256, heads=4, kv_heads=1, head_dim=72, intermediate=256, layers=2, vocab=77)
+    path = build_llama_gguf(tmp_path / "gguf" / "m.gguf", qtype=kind, dims=dims, seed=23, tied=True)
+    out = api.apply(str(RULE), out=tmp_path / "hf", sources={"model": str(path)}, progress=False).out
+    config = assert_same(path, out)
+    assert config["tie_word_embeddings"] is True and "lm_head.weight" not in read_output(out)
+
+
+@pytest.mark.parametrize(("kind", "tied", "dims"), [
+    ("Q8_0", True, GgufDims(hidden=192, heads=6, kv_heads=2, head_dim=32, intermediate=320, layers=2, vocab=151)),
+    ("Q4_K", False, GgufDims(hidden=256, heads=4, kv_heads=4, head_dim=64, intermediate=300, layers=1, vocab=90)),
+    ("IQ4_XS", True, GgufDims(hidden=256, heads=8, kv_heads=1, head_dim=32, intermediate=512, layers=1, vocab=64)),
+    ("BF16", False, GgufDims(hidden=96, heads=3, kv_heads=1, head_dim=32, intermediate=200, layers=2, vocab=99)),
+])
+def test_qwen2_is_what_transformers_loads(tmp_path: Path, kind: str, tied: bool, dims: GgufDims) -> None:
+    """Qwen2: q/k not permuted, q/k/v biases, no vocab_size in the metadata, tied or not."""
+    path = build_llama_gguf(tmp_path / "gguf" / "m.gguf", qtype=kind, dims=dims, seed=31, tied=tied, arch="qwen2")
+    out = api.apply(str(QWEN2_RULE), out=tmp_path / "hf", sources={"model": str(path)}, progress=False).out
+    config = assert_same(path, out)
+    assert config["model_type"] == "qwen2" and config["tie_word_embeddings"] is tied
+    assert "model.layers.0.self_attn.k_proj.bias" in read_output(out)

@@ -11,7 +11,10 @@ What the planner sees of each tensor (a plain ``TensorInfo``; the checkpoint's
     ``ggml_type`` naming the format; ``dequant_gguf`` decodes it.
 The source's config (what a rule's ``${config.…}`` reads) is the metadata, nested at its
 dots (``llama.attention.head_count`` is ``config.llama.attention.head_count``), plus
-``gguf_tensor_types`` (tensor -> format) and ``gguf_tensor_shapes`` (tensor -> logical shape).
+``gguf_tensor_types`` (tensor -> format), ``gguf_tensor_shapes`` (tensor -> logical shape)
+and ``gguf_tied_embeddings``: true when the model has no ``output.weight`` (llama.cpp's name
+of the output head in every architecture), the head then being ``token_embd.weight``, as
+transformers' GGUF loader decides ``tie_word_embeddings``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ PLAIN_DTYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": 
                 "I32": "I32", "I64": "I64"}
 TYPES_KEY = "gguf_tensor_types"
 SHAPES_KEY = "gguf_tensor_shapes"
+TIED_KEY = "gguf_tied_embeddings"
+#: llama.cpp's output head (LLM_TENSOR_OUTPUT); absent when the embeddings are tied
+OUTPUT_HEAD = "output.weight"
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,8 @@ class GgufCheckpoint(LocalCheckpoint):
         if name != "config.json":
             return super().config(name)
         return {**nested(self.gguf_metadata),
-                TYPES_KEY: dict(self.ggml_types), SHAPES_KEY: {k: list(v) for k, v in self.logical_shapes.items()}}
+                TYPES_KEY: dict(self.ggml_types), SHAPES_KEY: {k: list(v) for k, v in self.logical_shapes.items()},
+                TIED_KEY: OUTPUT_HEAD not in self.ggml_types}
 
     def raw_header(self, file: str) -> bytes:
         return super(LocalCheckpoint, self).raw_header(file)
