@@ -36,6 +36,7 @@ from ckptxform.standins.hf_models import (
     build_qwen2,
 )
 from ckptxform.standins.lora import build_lora_adapter
+from ckptxform.standins.mistral import build_mistral_consolidated
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
@@ -224,6 +225,12 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "mistral_to_hf": RuleStandin(
+        lambda root: _model(build_mistral_consolidated(root / "Mistral-Nemo-Instruct-2407")),
+        "Mistral consolidated.safetensors + params.json (head_dim, n_kv_heads, sliding_window)",
+        "HF MistralForCausalLM", "mistralai/Mistral-Nemo, Mistral-7B-v0.3, Mistral-Small, Codestral",
+        "transformers' convert_mistral_weights_to_hf.py (restated at a pinned commit): every tensor bit for bit, "
+        "same config; MistralForCausalLM: same logits"),
     "peft_lora_merge": RuleStandin(
         _lora, "HF model + PEFT LoRA adapter folder (plain or rsLoRA, rank/alpha patterns, modules_to_save)",
         "the merged model (W + B @ A * scale, in float32, rounded once)", "any LoRA adapter of a Llama/Qwen/Mistral "
