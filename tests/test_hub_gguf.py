@@ -16,12 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_clean_failure
+from conftest import REPO, assert_clean_failure, read_audit
 from hub_fixtures import ProxyTrap, body_bytes, client_env
 from hubserver import HubServer
 
 from ckptxform import api
-from ckptxform.standins.gguf_models import GgufDims, build_llama_gguf
+from ckptxform.standins.gguf_models import QWEN2_GGUF, GgufDims, build_llama_gguf
 
 pytest.importorskip("gguf")
 
@@ -51,10 +51,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     (root / "split" / "README.md").write_text("a model card\n")
     build_llama_gguf(root / "many" / "tiny-Q4_K.gguf", dims=DIMS, qtype="Q4_K", seed=5)
     build_llama_gguf(root / "many" / "Q6_K" / "tiny-Q6_K.gguf", dims=DIMS, qtype="Q6_K", seed=6, split_max_tensors=12)
+    build_llama_gguf(root / "qwen" / "qwen2-q8_0.gguf", dims=QWEN2_GGUF, qtype="Q8_0", arch="qwen2", tied=True)
     trap = ProxyTrap()
     with HubServer() as server:
         server.add_repo("org/tiny-GGUF", root / "split")
         server.add_repo("org/many-GGUF", root / "many")
+        server.add_repo("org/qwen-GGUF", root / "qwen")
         yield Hub(server, trap, root)
     trap.close()
 
@@ -74,15 +76,20 @@ def test_inspect_reads_the_headers_only(hub: Hub, tmp_path: Path) -> None:
     ("org/tiny-GGUF@main", "split/tiny-Q8_0-00001-of-00003.gguf"),
     ("org/many-GGUF@main/tiny-Q4_K.gguf", "many/tiny-Q4_K.gguf"),
     ("hf://org/many-GGUF/Q6_K/tiny-Q6_K-00001-of-00002.gguf", "many/Q6_K/tiny-Q6_K-00001-of-00002.gguf"),
+    ("org/qwen-GGUF@main", "qwen/qwen2-q8_0.gguf"),
 ])
 def test_apply_from_the_hub_writes_what_the_local_files_give(hub: Hub, tmp_path: Path, location: str,
                                                              local: str) -> None:
-    want = api.apply(str(RULE), out=tmp_path / "local", sources={"model": str(hub.root / local)},
+    rule = RULE.with_name("gguf_qwen2_to_hf.yaml") if "qwen" in location else RULE
+    want = api.apply(str(rule), out=tmp_path / "local", sources={"model": str(hub.root / local)},
                      progress=False).out
-    proc = hub.run(tmp_path / "home", "apply", RULE, "--source", f"model={location}", "--out", tmp_path / "out")
+    proc = hub.run(tmp_path / "home", "apply", rule, "--source", f"model={location}", "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (want / "model.safetensors").read_bytes()
     assert (tmp_path / "out" / "config.json").read_text() == (want / "config.json").read_text()
+    notes = [e for e in read_audit(tmp_path / "out") if e["event"] == "metadata"]
+    assert notes == [e for e in read_audit(want) if e["event"] == "metadata"]
+    assert len(notes) == ("qwen" in location)  # the stand-in Llamas hold no tokenizer
 
 
 def test_a_repo_of_several_models_is_refused_naming_them(hub: Hub, tmp_path: Path) -> None:

@@ -178,6 +178,17 @@ def gguf_config(metadata: Mapping[str, Any], types: Mapping[str, str],
             TIED_KEY: OUTPUT_HEAD not in types}
 
 
+def tokenizer_notes(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The audit's ``metadata`` record of a GGUF's tokenizer (``tokenizer.*`` keys), which
+    no rule converts to HF tokenizer files."""
+    keys = sorted(k for k in metadata if k.startswith("tokenizer."))
+    if not keys:
+        return []
+    return [{"event": "metadata", "action": "not carried", "keys": keys,
+             "reason": "the GGUF's tokenizer is not converted to tokenizer.json (a rule's config may set its "
+                       "bos/eos/pad ids); AutoTokenizer.from_pretrained(DIR, gguf_file=FILE) builds one"}]
+
+
 def split_parts(first: str) -> list[str]:
     """The file names of the split set whose first part is ``first`` (``[first]`` when it
     is not a split name); a later part is refused: give the first."""
@@ -249,6 +260,9 @@ class GgufCheckpoint(LocalCheckpoint):
 
     def raw_header(self, file: str) -> bytes:
         return super(LocalCheckpoint, self).raw_header(file)
+
+    def audit_notes(self) -> list[dict[str, Any]]:
+        return tokenizer_notes(self.gguf_metadata)
 
 
 def _check_split(path: str, fields: Mapping[str, Any], index: int, count: int) -> None:

@@ -187,6 +187,8 @@ class HubCheckpoint(LazyShards):
         self.metadata: dict[str, dict[str, str]] = {}
         #: how ``prefetch`` fetched each file it was told of, and why
         self.fetch_choices: list[FetchChoice] = []
+        #: the audit's records of what no output carries (a GGUF's tokenizer: hub/gguf.py)
+        self.notes: list[dict[str, Any]] = []
         self._retry = retry
         self._config: dict[str, Any] | None = None
         self._local: dict[str, Path] = {}
@@ -276,6 +278,9 @@ class HubCheckpoint(LazyShards):
 
     def fetch_events(self) -> list[dict[str, Any]]:
         return [c.to_event(self.name) for c in self.fetch_choices]
+
+    def audit_notes(self) -> list[dict[str, Any]]:
+        return list(self.notes)
 
     def first_etags(self) -> dict[str, str]:
         with self._lock:

@@ -14,7 +14,15 @@ import re
 from typing import Any
 
 from ckptxform.errors import EntryNotFoundError, SourceNotFoundError
-from ckptxform.sources.gguf import GgufTensor, first_parts, gguf_config, gguf_index, read_gguf_prefix, split_parts
+from ckptxform.sources.gguf import (
+    GgufTensor,
+    first_parts,
+    gguf_config,
+    gguf_index,
+    read_gguf_prefix,
+    split_parts,
+    tokenizer_notes,
+)
 
 #: a ``hub.checkpoint.HubCheckpoint`` (not imported: it imports this module)
 HubCheckpoint = Any
@@ -92,3 +100,4 @@ def open_gguf_model(ckpt: HubCheckpoint, wanted: str | None, files: tuple[str, .
     ckpt.logical_shapes = {k: t.logical_shape for k, t in tensors.items()}
     ckpt.gguf_metadata = dict(metadata)
     ckpt._config = gguf_config(metadata, ckpt.ggml_types, ckpt.logical_shapes)
+    ckpt.notes = tokenizer_notes(metadata)
