@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 _COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
 @dataclass(frozen=True)

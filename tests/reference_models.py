@@ -31,9 +31,10 @@ STRUCTURAL_RULES = ("gpt2_conv1d_to_linear.yaml", "hf_llama_to_meta.yaml",
                     "phi3_to_llama.yaml", "qwen2_moe_legacy_to_fused.yaml",
                     "tie_embeddings.yaml", "untie_embeddings.yaml")
 #: whole-model rules checked against transformers in test files of their own (no inverse)
-OWN_REFERENCE_RULES = ("gemma_to_llama.yaml", "llava_to_text.yaml", "gguf_to_hf.yaml",
+OWN_REFERENCE_RULES = ("gemma_to_llama.yaml", "llava_to_text.yaml", "gguf_to_hf.yaml", "gguf_qwen2_to_hf.yaml",
                        "hf_to_gguf_bf16.yaml", "hf_to_gguf_f16.yaml", "hf_to_gguf_q8_0.yaml",
-                       "qwen2_to_llama.yaml", "peft_lora_merge.yaml", "peft_lora_merge_fp8_block.yaml")
+                       "qwen2_to_llama.yaml", "peft_lora_merge.yaml", "peft_lora_merge_fp8_block.yaml",
+                       "mistral_to_hf.yaml")
 
 #: MoE forward: the plain loop over experts (the grouped-mm kernel needs 16-byte strides,
 #: which odd tiny sizes do not have)

@@ -177,3 +177,21 @@ def test_bands_of_rows_make_the_whole_tensor() -> None:
     assert got == whole and max(reads) == 3 * blocks.shape[1]
     part = b"".join(bytes(b) for b in DequantGguf().blocks(block, [InputTensor(view, read)], 4096, rows=range(5, 11)))
     assert part == whole[5 * 2048:11 * 2048]
+
+
+def test_the_audit_says_the_tokenizer_is_not_carried(tmp_path: Path) -> None:
+    """A GGUF with tokenizer metadata: one ``metadata`` record naming its tokenizer.* keys,
+    ``not carried``; one without: none."""
+    from conftest import read_audit
+
+    from ckptxform.standins.gguf_models import QWEN2_GGUF
+
+    qwen = build_llama_gguf(tmp_path / "q.gguf", qtype="Q8_0", arch="qwen2", dims=QWEN2_GGUF, tied=True)
+    out = api.apply(str(RULE.with_name("gguf_qwen2_to_hf.yaml")), out=tmp_path / "hf", sources={"model": str(qwen)},
+                    progress=False).out
+    (note,) = [e for e in read_audit(out) if e["event"] == "metadata"]
+    assert note["source"] == "model" and note["action"] == "not carried"
+    assert note["keys"] == ["tokenizer.ggml.model", "tokenizer.ggml.tokens"] and "AutoTokenizer" in note["reason"]
+    llama = build_llama_gguf(tmp_path / "l.gguf", qtype="Q8_0")
+    out = api.apply(str(RULE), out=tmp_path / "hf2", sources={"model": str(llama)}, progress=False).out
+    assert not [e for e in read_audit(out) if e["event"] == "metadata"]

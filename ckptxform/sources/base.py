@@ -200,6 +200,11 @@ class Checkpoint(ABC):
         ``rows`` (tensor key -> row indices) of others (Hub sources fetch them now, by
         ranges or a download)."""
 
+    def audit_notes(self) -> list[dict[str, Any]]:
+        """Audit records of what the source holds besides tensors and files that no output
+        carries (a GGUF's tokenizer metadata), without ``source``: the run adds it."""
+        return []
+
     def fetch_events(self) -> list[dict[str, Any]]:
         """Audit ``fetch`` events: how ``prefetch`` fetched each file and why (Hub sources)."""
         return []

@@ -44,12 +44,13 @@ def open_location(location: str, *, name: str | None = None, fetch: str = "auto"
             f"{label}path {quote(location)} is not valid UTF-8; the audit log records every source's "
             "location as text: rename it (or link it under a UTF-8 name)", path=location, source=name)
     where, option = _split_fetch_option(location)
+    where, gguf_file = _split_gguf_file(where)
     hub = hub_location(where)
     if hub is not None:
         from .hub.checkpoint import open_hub
 
         return open_hub(hub[0], hub[1], name=name, policy=option or fetch, location=location,
-                        require_pinned=require_pinned)
+                        require_pinned=require_pinned, gguf_file=gguf_file)
     if option is not None:
         raise UsageError(f"{location!r}: ?fetch= is for Hub locations (ORG/NAME@REVISION?fetch={option}); "
                          f"{where!r} is a local path", source=name)
@@ -177,3 +178,12 @@ def _split_fetch_option(location: str) -> tuple[str, str | None]:
     from .hub.fetch import split_fetch_option
 
     return split_fetch_option(location)
+
+
+def _split_gguf_file(location: str) -> tuple[str, str | None]:
+    """``ORG/NAME[@REV]/PATH.gguf`` that is not a local path: the Hub repo and the file."""
+    if not location.endswith(".gguf") or (not location.startswith("hf://") and Path(location).exists()):
+        return location, None
+    from .hub.gguf import split_gguf_file
+
+    return split_gguf_file(location)

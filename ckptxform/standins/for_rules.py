@@ -21,7 +21,7 @@ from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
 from ckptxform.standins.draft_vocab import make_draft_vocab
 from ckptxform.standins.dspark import build_dspark_drafter, build_dspark_verifier
 from ckptxform.standins.drafters import build_eagle3_drafter, build_full_vocab_drafter, build_llama_eagle3
-from ckptxform.standins.gguf_models import build_llama_gguf
+from ckptxform.standins.gguf_models import QWEN2_GGUF, build_llama_gguf
 from ckptxform.standins.gpt_oss import build_gpt_oss
 from ckptxform.standins.headline import build_headline_standins
 from ckptxform.standins.hf_models import (
@@ -36,6 +36,7 @@ from ckptxform.standins.hf_models import (
     build_qwen2,
 )
 from ckptxform.standins.lora import build_lora_adapter
+from ckptxform.standins.mistral import build_mistral_consolidated
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
@@ -234,6 +235,12 @@ STANDINS: dict[str, RuleStandin] = {
         "Meta/Mistral consolidated + params.json", "HF LlamaForCausalLM",
         "Llama 2/3, CodeLlama (Meta, consolidated.NN.pth: MP=1..8), mistralai/Mistral-7B",
         _STRUCTURAL_CHECKS + "; MP=2/4 shards: transformers' Meta converter (write_model), bit for bit"),
+    "mistral_to_hf": RuleStandin(
+        lambda root: _model(build_mistral_consolidated(root / "Mistral-Nemo-Instruct-2407")),
+        "Mistral consolidated.safetensors + params.json (head_dim, n_kv_heads, sliding_window)",
+        "HF MistralForCausalLM", "mistralai/Mistral-Nemo, Mistral-7B-v0.3, Mistral-Small, Codestral",
+        "transformers' convert_mistral_weights_to_hf.py (restated at a pinned commit): every tensor bit for bit, "
+        "same config; MistralForCausalLM: same logits"),
     "peft_lora_merge": RuleStandin(
         _lora, "HF model + PEFT LoRA adapter folder (plain or rsLoRA, rank/alpha patterns, modules_to_save)",
         "the merged model (W + B @ A * scale, in float32, rounded once)", "any LoRA adapter of a Llama/Qwen/Mistral "
@@ -243,8 +250,15 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_llama_gguf(root / "Meta-Llama-3.1-8B-Instruct-GGUF" / "model-Q4_K.gguf",
                                              qtype="Q4_K")),
         "Llama GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF LlamaForCausalLM float32",
-        "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), one file or a split set",
+        "Llama 2/3, Mistral 7B, CodeLlama GGUFs (bartowski/*-GGUF, TheBloke/*-GGUF), tied or not, one file or a "
+        "split set",
         "transformers' from_pretrained(gguf_file=): every tensor bit for bit, on each block format"),
+    "gguf_qwen2_to_hf": RuleStandin(
+        lambda root: _model(build_llama_gguf(root / "Qwen2.5-0.5B-Instruct-GGUF" / "qwen2.5-0.5b-instruct-q8_0.gguf",
+                                             qtype="Q8_0", arch="qwen2", tied=True, dims=QWEN2_GGUF)),
+        "Qwen2 GGUF (llama.cpp; F16..Q8_0, K-, I-quants, MXFP4)", "HF Qwen2ForCausalLM float32",
+        "Qwen2, Qwen2.5 GGUFs (Qwen/Qwen2.5-*-GGUF, bartowski/*-GGUF), tied or not, one file or a split set",
+        "transformers' from_pretrained(gguf_file=): every tensor bit for bit, q/k/v biases, tied head"),
     "peft_lora_merge_fp8_block": RuleStandin(
         _lora_fp8_block, "FP8 block-quantized model (compressed-tensors FP8_BLOCK) + PEFT LoRA adapter folder",
         "the merged model, FP8_BLOCK again (scales recomputed)", "LoRA adapters of llm-compressor FP8_BLOCK "

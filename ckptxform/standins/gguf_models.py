@@ -45,6 +45,10 @@ class GgufDims:
     context: int = 2048
 
 
+#: a Qwen2: head_dim is hidden / heads (transformers' Qwen2 config has no other), GQA
+QWEN2_GGUF = GgufDims(hidden=192, heads=6, kv_heads=2, head_dim=32, intermediate=320, layers=2, vocab=151)
+
+
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """HF's rotate-half q/k rows -> llama.cpp's interleaved pairs (convert_hf_to_gguf's ``permute``)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

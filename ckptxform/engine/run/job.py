@@ -187,6 +187,9 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
             audit.event(tensor_record.to_event())
         for event in _fetch_events(layout, records):
             audit.event(event)
+        for name, ckpt in sorted(sources.checkpoints.items()):
+            for note in ckpt.audit_notes():
+                audit.event({**note, "source": name})
         for item in written:
             audit.event(item.to_event())
         for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:

@@ -124,11 +124,14 @@ def open_hub(
     location: str | None = None,
     require_pinned: bool = False,
     retry: Retry = Retry(),
+    gguf_file: str | None = None,
 ) -> HubCheckpoint | PeftAdapter:
     """Resolve ``revision`` to a commit and index the repo's safetensors from the index
     and headers, transferring no weight byte (a PEFT adapter repo: its
     ``adapter_model.safetensors``, read as ``peft_adapter.PeftAdapter``). ``name`` is the source's name in the rule
-    file (used in messages); ``require_pinned`` refuses a branch or tag.
+    file (used in messages); ``require_pinned`` refuses a branch or tag. ``gguf_file``: the
+    repo's GGUF model of that name (``hub/gguf.py``; a repo without safetensors and with one
+    GGUF model needs none).
 
     >>> ckpt = open_hub("AQ-MedAI/Kimi-K25-eagle3", name="target_vocab")  # doctest: +SKIP
     >>> ckpt.commit                                                        # doctest: +SKIP
@@ -143,7 +146,7 @@ def open_hub(
         repo_id, revision, name=name, policy=policy, location=location, retry=retry  # type: ignore[arg-type]
     )
     try:
-        ckpt._open(require_pinned=require_pinned)
+        ckpt._open(require_pinned=require_pinned, gguf_file=gguf_file)
         if ckpt.files == (ADAPTER_WEIGHTS,):
             from ..peft_adapter import hub_adapter
 
@@ -184,6 +187,8 @@ class HubCheckpoint(LazyShards):
         self.metadata: dict[str, dict[str, str]] = {}
         #: how ``prefetch`` fetched each file it was told of, and why
         self.fetch_choices: list[FetchChoice] = []
+        #: the audit's records of what no output carries (a GGUF's tokenizer: hub/gguf.py)
+        self.notes: list[dict[str, Any]] = []
         self._retry = retry
         self._config: dict[str, Any] | None = None
         self._local: dict[str, Path] = {}
@@ -274,6 +279,9 @@ class HubCheckpoint(LazyShards):
     def fetch_events(self) -> list[dict[str, Any]]:
         return [c.to_event(self.name) for c in self.fetch_choices]
 
+    def audit_notes(self) -> list[dict[str, Any]]:
+        return list(self.notes)
+
     def first_etags(self) -> dict[str, str]:
         with self._lock:
             remotes = dict(self._remote)
@@ -289,7 +297,7 @@ class HubCheckpoint(LazyShards):
         self._fds.clear()
 
     # -- opening ---------------------------------------------------------------------
-    def _open(self, *, require_pinned: bool) -> None:
+    def _open(self, *, require_pinned: bool, gguf_file: str | None = None) -> None:
         from huggingface_hub import HfApi, get_token
 
         register_secret(get_token())  # whatever text quotes it, messages will not
@@ -304,6 +312,10 @@ class HubCheckpoint(LazyShards):
             if require_pinned:
                 raise UsageError(message + " (a pinned commit is required)", source=self.name)
             logger.warning(message)
+        if gguf_file is not None:
+            from .gguf import open_gguf_model
+
+            return open_gguf_model(self, gguf_file)
         # One round of requests instead of three: unless the cache knows whether there is
         # an index, the single-file header (a miss for a sharded repo) is asked alongside.
         from huggingface_hub import try_to_load_from_cache
@@ -332,6 +344,12 @@ class HubCheckpoint(LazyShards):
                 self.tensors = {t.key: t for t in single}
                 return
         if single is None:
+            listed = self.list_files()
+            if any(f.endswith(".gguf") for f in listed):
+                from .gguf import open_gguf_model
+
+                return open_gguf_model(self, None, listed)
+        if single is None:
             raise EntryNotFoundError(
                 f"{self._who()}: commit {self.commit} has neither {SAFETENSORS_INDEX} nor "
                 f"{SAFETENSORS_SINGLE}{self._listing()}; ckptxform reads safetensors from the Hub "
@@ -356,7 +374,7 @@ class HubCheckpoint(LazyShards):
         return tensors
 
     def raw_header(self, file: str) -> bytes:
-        if file not in self.files:
+        if file not in self.files or file.endswith(".gguf"):
             return super().raw_header(file)
         self.tensors_of_file(file)  # its header read (and checked against the index), if not yet
         return self._header_blob(file)[1]
