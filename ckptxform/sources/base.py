@@ -144,6 +144,11 @@ class Checkpoint(ABC):
         ``tensors_of_file``, reads it."""
         return None
 
+    def read_headers(self, files: Sequence[str]) -> None:
+        """Read the headers of ``files`` now, the plan being about to need them all (a
+        source that reads them over the network reads them at once; by default, nothing:
+        each is read when first needed)."""
+
     def fingerprint(self) -> str | None:
         """The audit's ``fingerprint`` of a source: the commit of a Hub source; for local
         files, a digest of each weight file's name, size and mtime. (Whether a rerun is up

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
 
@@ -40,7 +41,8 @@ class LazyTensors(Mapping[str, TensorInfo]):
         #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
         self._sorted: dict[str, tuple[str, ...]] = {}
         self._shards: dict[str, dict[str, TensorInfo]] = {}
-        self._lock = threading.Lock()  # one read of a header when two threads ask for it at once
+        # one read of a header when two threads ask for it at once; other headers meanwhile
+        self._locks = {file: threading.Lock() for file in files}
 
     @property
     def loaded_files(self) -> tuple[str, ...]:
@@ -61,10 +63,18 @@ class LazyTensors(Mapping[str, TensorInfo]):
     def shard(self, file: str) -> dict[str, TensorInfo]:
         """The tensors of one shard (its header is read the first time)."""
         if file not in self._shards:
-            with self._lock:
+            with self._locks.get(file) or threading.Lock():
                 if file not in self._shards:
                     self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
         return self._shards[file]
+
+    def read_shards(self, files: Sequence[str], readers: int) -> None:
+        """Read the headers of ``files`` not read yet, ``readers`` at a time."""
+        todo = [file for file in files if file not in self._shards]
+        if len(todo) > 1 and readers > 1:
+            with ThreadPoolExecutor(max_workers=min(readers, len(todo))) as pool:
+                for _ in pool.map(self.shard, todo):  # the first error, if any, raised here
+                    pass
 
     def __getitem__(self, key: str) -> TensorInfo:
         return self.shard(self.weight_map[key])[key]
@@ -97,6 +107,13 @@ class LazyShards(Checkpoint):
         if not isinstance(self.tensors, LazyTensors):
             return super().tensor_keys()
         return list(self.tensors.weight_map)
+
+    #: headers read at once by ``read_headers`` (over the network, the round trips overlap)
+    header_readers = 1
+
+    def read_headers(self, files: Sequence[str]) -> None:
+        if isinstance(self.tensors, LazyTensors):
+            self.tensors.read_shards(files, self.header_readers)
 
     def unread_header_keys(self, file: str) -> Sequence[str] | None:
         if not isinstance(self.tensors, LazyTensors) or self.tensors.is_loaded(file):

@@ -10,7 +10,7 @@ that is read is (``sources/lazy_index.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from ...rules.model import TensorRule
@@ -29,21 +29,29 @@ def source_tensors(ckpt: Checkpoint, rules: list[TensorRule], *, read_all: bool 
         return next((r for r in rules if r.pattern.fullmatch(key)), None)
 
     if read_all or all(ckpt.unread_header_keys(file) is None for file in ckpt.files):
+        ckpt.read_headers(ckpt.files)
         for key, info in ckpt.tensors.items():
             yield key, info, first_rule(key)
         return
+    # which shards' headers are needed, from the index: up to the first key a rule takes
+    unread: dict[str, tuple[Sequence[str], dict[str, TensorRule | None]]] = {}
     for file in ckpt.files:
         keys = ckpt.unread_header_keys(file)  # None once read (by a vocabulary map, say)
         if keys is not None:
             firsts: dict[str, TensorRule | None] = {}
-            for key in keys:  # up to the first key a rule takes: then the header is needed
+            for key in keys:
                 firsts[key] = rule = first_rule(key)
                 if rule is not None and rule.skip is None:
                     break
             else:
-                for key in keys:
-                    yield key, file, firsts[key]
-                continue
+                unread[file] = keys, firsts
+    ckpt.read_headers([file for file in ckpt.files if file not in unread])
+    for file in ckpt.files:
+        if file in unread:
+            keys, firsts = unread.pop(file)
+            for key in keys:
+                yield key, file, firsts[key]
+            continue
         # matched again key by key (not from ``firsts``): the planner then asks the rule for
         # the same key, which its pattern answers from the match it just made
         for info in ckpt.tensors_of_file(file):

@@ -165,6 +165,9 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 class HubCheckpoint(LazyShards):
     """A safetensors checkpoint in a Hub repo at one commit; build it with ``open_hub``."""
 
+    #: a plan that needs 64 shards' headers waits for a few round trips, not 64 in a row
+    header_readers = 16
+
     def __init__(
         self,
         repo_id: str,
