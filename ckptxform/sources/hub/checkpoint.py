@@ -56,7 +56,7 @@ from ckptxform.errors import (
 from ckptxform.log import logger
 from ckptxform.sources.base import TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
-from ckptxform.sources.hub.bounded import bound_hub_client
+from ckptxform.sources.hub.bounded import bound_hub_client, stall_seconds
 from ckptxform.sources.hub.errors import HubWhere, Retry, call_hub
 from ckptxform.sources.hub.fetch import (
     POLICIES,
@@ -142,6 +142,7 @@ def open_hub(
             f"source {name!r}: fetch policy {policy!r} is not one of {', '.join(POLICIES)}", source=name
         )
     bound_hub_client()  # huggingface_hub's own requests keep ckptxform's bounds too
+    stall_seconds()  # a bad CKPTXFORM_HUB_STALL is a usage error now, not in a request
     ckpt = HubCheckpoint(
         repo_id, revision, name=name, policy=policy, location=location, retry=retry  # type: ignore[arg-type]
     )
