@@ -26,6 +26,7 @@ import threading
 from typing import Any
 
 from ckptxform.errors import UsageError
+from ckptxform.sources.hub import meter
 
 #: The longest ``Retry-After`` waited for; a server asking more fails the run at once.
 MAX_RETRY_AFTER = 60.0
@@ -179,6 +180,7 @@ class _StallStream:
         except _read_timeout() as err:
             raise Stalled(self._received, bound) from err
         self._received += len(data)
+        meter.streamed(len(data))
         return data
 
     def close(self) -> None:

@@ -71,6 +71,7 @@ from ckptxform.sources.hub.fetch import (
 )
 from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
 from ckptxform.sources.hub.index import load_json
+from ckptxform.sources.hub.meter import ByteCounter, expect
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
@@ -419,7 +420,7 @@ class HubCheckpoint(LazyShards):
         if cached is _CACHED_NO_EXIST:
             return None
         try:
-            return Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+            return Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit, tqdm_class=ByteCounter), file=file))
         except EntryNotFoundError:
             return None
 
@@ -452,6 +453,7 @@ class HubCheckpoint(LazyShards):
 
     def _fetch_all(self, file: str, requests: list[Span], *, keep: bool = True) -> list[bytes]:
         """The bytes of each request (``keep=False``: into the range cache only)."""
+        expect(sum(r.size for r in requests))  # for the run's progress bar, when one counts
         def fetch(span: Span) -> bytes:
             data = self._fetch(file, span)
             return data if keep else b""
@@ -492,7 +494,7 @@ class HubCheckpoint(LazyShards):
         from huggingface_hub import hf_hub_download
 
         logger.info(f"{self._who()}: downloading {file} into the Hugging Face cache")
-        path = Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+        path = Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit, tqdm_class=ByteCounter), file=file))
         self._local[file] = path
         return path
 

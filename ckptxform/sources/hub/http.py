@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from ckptxform.digits import ascii_int
+from ckptxform.sources.hub import meter
 from ckptxform.sources.hub.bounded import bounded_client
 from ckptxform.sources.hub.ranges import Span
 
@@ -266,12 +267,17 @@ class _Expired(Exception):
 def _read_body(response: Any, expected: int) -> bytes:
     """The body, as the bytes arrive (the client's connections cut one that stops)."""
     body = bytearray()
-    for chunk in response.iter_raw():  # as the bytes arrive (a chunk size would wait for it)
-        body += chunk
-        if len(body) > expected:
-            raise BadAnswer(f"the server sent more than the {expected} bytes asked")
-    if len(body) != expected:
-        raise CutResponse(f"{len(body)} of {expected} bytes")
+    try:
+        for chunk in response.iter_raw():  # as the bytes arrive (a chunk size would wait for it)
+            body += chunk
+            meter.arrived(len(chunk))
+            if len(body) > expected:
+                raise BadAnswer(f"the server sent more than the {expected} bytes asked")
+        if len(body) != expected:
+            raise CutResponse(f"{len(body)} of {expected} bytes")
+    except BaseException:
+        meter.arrived(-len(body))  # a retry fetches them again
+        raise
     return bytes(body)
 
 
