@@ -21,17 +21,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_hub_e2e import (  # noqa: F401 - the fixtures too
-    REPOS,
-    RULE,
-    Served,
-    assert_same_conversion,
-    fresh,
-    lm_head_shard,
-    served,
-    size,
-    sources,
-)
+from test_hub_e2e import REPOS, RULE, Served, assert_same_conversion, lm_head_shard, size, sources
+from test_hub_e2e import fresh, served  # noqa: F401 - fixtures
 
 _COUNT = r"([0-9.]+)([kMGT]?)"
 _SIZE = _COUNT + "B"
