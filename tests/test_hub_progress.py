@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO
 from test_hub_e2e import REPOS, RULE, Served, assert_same_conversion, lm_head_shard, size, sources
 from test_hub_e2e import fresh, served  # noqa: F401 - fixtures
+from test_hub_shards import SHARDS, sharded_rule  # noqa: F401 - a fixture
 
 _COUNT = r"([0-9.]+)([kMGT]?)"
 _SIZE = _COUNT + "B"
@@ -103,20 +104,27 @@ def slow_link(fresh: Served) -> Iterator[Served]:  # noqa: F811
         fresh.server.latency, fresh.server.link.bandwidth = latency, bandwidth
 
 
-def test_a_hub_apply_shows_one_bar_moving_with_the_bytes_fetched_and_written(slow_link: Served,
-                                                                             tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hub_apply_shows_one_bar_moving_with_the_bytes_fetched_and_written(
+        slow_link: Served, sharded_rule: Path, tmp_path: Path, workers: int) -> None:  # noqa: F811
     """The verifier's lm_head shard (~4 MiB) is downloaded at 2 MB/s: the bar shows its
     bytes arriving (intermediate counts of both the fetched bytes and the bar), ends with
     every byte fetched and written, never shows an ETA in hours, and no other bar (the
-    download's own, named after the shard) or huggingface_hub log line is drawn."""
+    download's own, named after the shard) or huggingface_hub log line is drawn. With two
+    workers (the rule cut into shards) the worker that downloads reports its bytes to the
+    parent's bar."""
     hub = slow_link
     shard = lm_head_shard(hub)
     out = tmp_path / "out"
+    rule, jobs = (RULE, []) if workers == 1 else (sharded_rule, ["--jobs", "2"])
     status, screen = run_on_terminal(
-        ["apply", RULE, *sources(hub, "main"), "--source", f"verifier={REPOS['verifier']}@main?fetch=download",
-         "--out", out], hub.env(tmp_path / "home"))
+        ["apply", rule, *sources(hub, "main"), "--source", f"verifier={REPOS['verifier']}@main?fetch=download",
+         "--out", out, *jobs], hub.env(tmp_path / "home"))
     assert status == 0, screen
-    assert_same_conversion(hub, out)
+    if workers == 1:
+        assert_same_conversion(hub, out)
+    else:
+        assert len(list(out.glob("*.safetensors"))) == SHARDS
 
     shown = frames(screen)
     assert shown, screen

@@ -120,6 +120,7 @@ def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[Sha
     try:
         with reporting(bar.fetched):  # the Hub bytes the tasks fetch, into the same bar
             executor.run(tasks, done, bar.update)
+        bar.fetches_done()
     finally:
         bar.close()
     if options.executor == "ray":

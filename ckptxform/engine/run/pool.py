@@ -61,6 +61,7 @@ class ProcessPool:
                     except Exception as err:  # noqa: BLE001 - the task's own error, whatever it is
                         raise shard_error(futures[future], err)  # its context: err, with the worker's traceback
                     done(record)
+            _drain(reports, progress)  # what the last task reported before its record
         except Exception:
             raise  # a task failed: the running ones finish (and are kept), the others are cancelled
         except BaseException:

@@ -59,6 +59,14 @@ class RunProgress:
                 self._bar.total = self._write_total + self._expected
             self._move(step)
 
+    def fetches_done(self) -> None:
+        """Every announced byte was fetched (the run succeeded): a worker's last fetch report
+        may come after its shard's record, or a fetch may have been served another way."""
+        with self._lock:
+            step, self._fetch_shown = self._expected - self._fetch_shown, self._expected
+            self._arrived = self._expected
+            self._move(step)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -2,7 +2,8 @@
 
 Everything goes through the real ``huggingface_hub`` client, so the conventions users
 already have hold: ``HF_TOKEN`` or the saved token, ``HF_HOME``, ``HF_HUB_CACHE``,
-``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1``, progress bars on a terminal only.
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1``. Its downloads draw no bar: their bytes count in the
+run's one bar (``meter``).
 
 - The revision is resolved to a commit once (``HfApi.resolve_revision``); every later
   request names that commit, so a run reads one immutable snapshot.

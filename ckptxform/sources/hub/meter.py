@@ -5,9 +5,10 @@ A run installs a listener with ``reporting`` for as long as it writes; a fetch a
 its bytes (``expect``: a batch of ranges, a download's size) and counts them as they land
 (``arrived``: a range body chunk by chunk; a download as its connection reads it, through
 ``ByteCounter``, the stand-in for tqdm every ``hf_hub_download`` of ckptxform is given, so
-that huggingface_hub draws no bar of its own). Outside ``reporting`` both are no-ops. While it reports, huggingface_hub's
-own log lines below ERROR are held back (its download retries and resumes, which
-ckptxform's retries say again in one line), and its logger's level is given back after.
+that huggingface_hub draws no bar of its own). Outside ``reporting`` both are no-ops.
+While it reports, huggingface_hub's own log lines below ERROR are held back (its download
+retries and resumes, which ckptxform's retries say again in one line), and its logger's
+level is given back after.
 """
 
 from __future__ import annotations
