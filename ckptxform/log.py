@@ -13,6 +13,7 @@ CLI's level, or all of them while disabled) are dropped right here.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 _LEVELS = {"TRACE": 5, "DEBUG": 10, "INFO": 20, "SUCCESS": 25, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
@@ -43,8 +44,26 @@ def _apply(level: str) -> None:
     # messages embed paths and names from inputs: their control characters are shown as
     # escapes, as on the CLI's error lines
     real.configure(patcher=lambda record: record.update(message=terminal_line(record["message"])))
-    real.add(sys.stderr, level=level, format=_FORMAT, colorize=None)
+    real.add(_Stderr(), level=level, format=_FORMAT, colorize=None)
     real.enable(_PACKAGE)
+
+
+class _Stderr:
+    """stderr, above a progress bar when one is drawn there (tqdm clears the bar's line,
+    writes the message and draws the bar again), so a message never splices into a bar."""
+
+    def write(self, message: str) -> None:
+        bars = sys.modules.get("tqdm")
+        if bars is not None:
+            bars.tqdm.write(message, file=sys.stderr, end="")
+        else:
+            sys.stderr.write(message)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 
 
 def _user_chose(real: Any) -> bool:
@@ -56,6 +75,7 @@ def _user_chose(real: Any) -> bool:
 
 
 _redacting: Any = None
+_loading = threading.Lock()
 
 
 def _loguru() -> Any:
@@ -66,13 +86,14 @@ def _loguru() -> Any:
 
     from .errors import redact
 
-    if not _loaded:
-        _loaded = True
-        if _pending_level is not None:
-            level, _pending_level = _pending_level, None
-            _apply(level)
-        elif not (already_imported and _user_chose(real)):
-            real.disable(_PACKAGE)
+    with _loading:  # threads logging at once: none may log before the first one set loguru up
+        if not _loaded:
+            if _pending_level is not None:
+                level, _pending_level = _pending_level, None
+                _apply(level)
+            elif not (already_imported and _user_chose(real)):
+                real.disable(_PACKAGE)
+            _loaded = True
     if _redacting is None:
         _redacting = real.patch(lambda record: record.update(message=redact(record["message"])))
     return _redacting

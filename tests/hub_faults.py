@@ -12,12 +12,15 @@ from __future__ import annotations
 import fnmatch
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hub_repos import HubFile
 
 #: what ``misbehave`` can do; see its docstring
-MISBEHAVIOURS = ("swap", "bad_range", "short", "whole", "gzip", "loop", "retry_after", "echo_auth", "trickle")
+MISBEHAVIOURS = ("swap", "bad_range", "short", "whole", "gzip", "loop", "retry_after", "echo_auth", "trickle",
+                 "stall")
+#: the longest a "stall" holds its connection when no test clears it (seconds)
+STALL_HOLD = 120.0
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Fault:
     retry_after: int = 0
     other: HubFile | None = None  # "swap": whose bytes are served instead
     delay: float = 1.0  # "trickle": seconds between bytes
+    released: threading.Event = field(default_factory=threading.Event)  # "stall": set by clear_faults
 
 
 class FaultInjection:
@@ -75,7 +79,9 @@ class FaultInjection:
         ``gzip`` the range gzip-encoded; ``loop`` a redirect to itself; ``retry_after`` a
         429 asking to wait ``retry_after`` s; ``echo_auth`` a 400 whose message quotes the
         request's Authorization header; ``trickle`` one body byte every ``delay`` s (for a
-        HEAD, one byte of the answer's head)."""
+        HEAD, one byte of the answer's head); ``stall`` the answer's head and ``after_bytes``
+        of its body (for a HEAD, half its head), then nothing, the connection held open until
+        ``clear_faults`` (a dead link: no reset, no end)."""
         assert kind in MISBEHAVIOURS, kind
         with self._faults_lock:
             self._faults.append(Fault(pattern, method, kind, times, host=host, skip=skip, retry_after=retry_after,
@@ -83,6 +89,8 @@ class FaultInjection:
 
     def clear_faults(self) -> None:
         with self._faults_lock:
+            for fault in self._faults:
+                fault.released.set()
             self._faults.clear()
 
     def take_fault(self, host: str, method: str, path: str) -> Fault | None:

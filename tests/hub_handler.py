@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from hub_faults import Fault
+from hub_faults import STALL_HOLD, Fault
 from hub_repos import HubFile, HubRepo, model_info, paths_info, tree
 
 if TYPE_CHECKING:
@@ -137,12 +137,14 @@ class _HubHandler(BaseHTTPRequestHandler):
         if fault.kind == "retry_after":
             raise _Reply(429, None, "Too many requests", headers={"Retry-After": str(fault.retry_after)})
         if fault.kind == "trickle" and self.command == "HEAD":  # the answer's head itself, byte by byte
+            self.close_connection = True  # the connection's writes stay slowed
+            self.wfile = _Trickling(self.wfile, fault.delay)  # type: ignore[assignment]
+        if fault.kind == "stall" and self.command == "HEAD":  # half the answer's head, then silence
             self._status = 200
             self.close_connection = True
-            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-Padding: " + b"x" * 64 + b"\r\n\r\n":
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(fault.delay)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-")
+            self.wfile.flush()
+            fault.released.wait(STALL_HOLD)
             raise _Done
         if fault.kind == "echo_auth":
             raise _Reply(400, None, f"Invalid credentials in header 'Authorization: {self.headers.get('Authorization')}'")
@@ -336,7 +338,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             status = 206
         length = end - start + 1
         body = None  # streamed from the file unless a fault rewrites it
-        if kind in ("gzip", "short", "trickle") and method == "GET":
+        if kind in ("gzip", "short", "trickle", "stall") and method == "GET":
             with f.path.open("rb") as fh:
                 fh.seek(start)
                 body = fh.read(length)
@@ -367,6 +369,12 @@ class _HubHandler(BaseHTTPRequestHandler):
                 self._sent += 1
                 time.sleep(fault.delay)
             return
+        if kind == "stall" and body is not None and fault is not None:
+            self._write(body[: fault.after_bytes])
+            self.wfile.flush()
+            self.close_connection = True
+            fault.released.wait(STALL_HOLD)
+            return
         if body is not None:
             self._write(body)
             return
@@ -391,3 +399,21 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.close_connection = True
         self.connection.close()
+
+
+class _Trickling:
+    """A connection's writes, one byte every ``delay`` seconds."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self._delay = delay
+
+    def write(self, data: bytes) -> int:
+        for i in range(len(data)):
+            self._inner.write(data[i : i + 1])
+            self._inner.flush()
+            time.sleep(self._delay)
+        return len(data)
+
+    def flush(self) -> None:
+        self._inner.flush()

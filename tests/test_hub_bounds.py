@@ -1,10 +1,12 @@
-"""The 60 s wait cap and the 64 KiB/s rate floor hold on every request of a run, those
+"""The 60 s wait cap and the stall bound hold on every request of a run, those
 huggingface_hub makes for it (the metadata HEADs of config.json and the shard index,
-through its own backoff) included (issue 22 item 10); a server ignoring Range is read
-anyway (item 12). Real command, real huggingface_hub, the test Hub of tests/hubserver.py."""
+through its own backoff) included (issue 22 item 10); a slow server that keeps sending is
+waited for, one that stops fails after the bound (issue 35 item 5); a server ignoring
+Range is read anyway (item 12). Real command, real huggingface_hub, the test Hub of tests/hubserver.py."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -53,15 +55,53 @@ def test_a_metadata_head_asking_to_wait_an_hour_fails_at_once(fresh: Served, tmp
     assert "Waiting" not in proc.stderr  # huggingface_hub's backoff never slept on it
 
 
-def test_a_metadata_head_sent_a_byte_a_second_is_cut_at_the_floor(fresh: Served, tmp_path: Path) -> None:  # noqa: F811
+def test_a_metadata_head_sent_slowly_but_steadily_is_waited_for(fresh: Served, tmp_path: Path) -> None:  # noqa: F811
+    """A byte every 0.02 s: the answer's head (~400 bytes) takes ~8 s, far past the stall
+    bound (3 s) and the read timeout (1 s), at ~50 B/s (the rate floor of before cut it at
+    1 s); every gap is 150 times shorter than the bound, so a loaded machine does not turn
+    this live server into a dead one."""
     hub = fresh
     hub.server.misbehave(f"/{REPOS['drafter']}/resolve/*/config.json", "trickle", host="hub", method="HEAD",
-                            times=1000, delay=0.2)
+                         times=1, delay=0.02)
     out = tmp_path / "out"
-    proc = _apply(hub, out, HF_HUB_DOWNLOAD_TIMEOUT="1")
+    started = time.monotonic()
+    proc = _apply(hub, out, CKPTXFORM_HUB_STALL="3", HF_HUB_DOWNLOAD_TIMEOUT="1")
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started > 6  # the trickled head was waited for, not retried around
+    assert_same_conversion(hub, out)
+    trickled = [r for r in hub.server.log if r.fault == "trickle"]
+    assert len(trickled) == 1
+
+
+@pytest.mark.parametrize(("method", "host", "file"), [("HEAD", "hub", "config.json"),
+                                                      ("GET", "cdn", "model.safetensors")])
+def test_a_server_that_stops_sending_fails_after_the_stall_bound_in_one_line(
+        fresh: Served, tmp_path: Path, method: str, host: str, file: str) -> None:  # noqa: F811
+    """The answer stops mid-way (mid-head for the metadata HEAD, 10 bytes into the body of
+    the drafter's first read) and the connection stays open: one error after the bound,
+    not retried, naming the file and the setting."""
+    hub = fresh
+    hub.server.misbehave(f"/{REPOS['drafter']}/resolve/*/{file}", "stall", method=method, host=host,
+                         times=1000, after_bytes=10)
+    out = tmp_path / "out"
+    proc = _apply(hub, out, CKPTXFORM_HUB_STALL="1")
     line = assert_failed_cleanly(proc, out)
-    assert line.startswith(f"{WHO}: file 'config.json': the server sent "), line
-    assert line.endswith(" bytes in 1 s, under 64 KiB/s (check the network, or raise HF_HUB_DOWNLOAD_TIMEOUT)"), line
+    assert re.fullmatch(re.escape(f"{WHO}: file {file!r}: the server stopped sending (no byte for 1 s, after ")
+                        + r"\d+" + re.escape(" bytes of the answer); check the network, or raise "
+                                               "CKPTXFORM_HUB_STALL for a server that pauses longer"), line), line
+    deadline = time.monotonic() + 30  # a held request is logged once released (by _apply)
+    while not any(r.fault == "stall" for r in hub.server.log) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r.fault for r in hub.server.log].count("stall") == 1  # a dead link is not retried
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf"])
+def test_a_bad_stall_setting_is_a_usage_error(fresh: Served, tmp_path: Path, value: str) -> None:  # noqa: F811
+    proc = _apply(fresh, tmp_path / "out", CKPTXFORM_HUB_STALL=value)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: CKPTXFORM_HUB_STALL={value!r}: write the seconds a Hub answer may go without a byte before the "
+        "run fails, a positive number (default 30)")
 
 
 def test_a_server_ignoring_range_on_a_file_within_the_window_asked_is_read_from_its_body(

@@ -433,11 +433,11 @@ BAD_SERVER = {
     "gzip-range": r"the server answered a range with Content-Encoding 'gzip' although 'identity' was asked; "
                   r"ckptxform reads raw bytes only \(check HF_ENDPOINT and any proxy\)",
     "redirect-loop": r"more than 10 redirects \(a redirect loop at {cdn}\); check HF_ENDPOINT and any proxy",
-    "trickle": r"the server sent \d+ bytes in 1 s, under 64 KiB/s \(check the network, or raise "
-               r"HF_HUB_DOWNLOAD_TIMEOUT\)",
+    "stall": r"the server stopped sending \(no byte for 1 s, after \d+ bytes of the answer\); check the "
+             r"network, or raise CKPTXFORM_HUB_STALL for a server that pauses longer",
 }
 MISBEHAVIOUR = {"bytes-changed": "swap", "wrong-content-range": "bad_range", "short-body": "short",
-                "gzip-range": "gzip", "redirect-loop": "loop", "trickle": "trickle"}
+                "gzip-range": "gzip", "redirect-loop": "loop", "stall": "stall"}
 
 
 @pytest.mark.parametrize("case", list(BAD_SERVER))
@@ -458,7 +458,7 @@ def test_a_misbehaving_server_fails_the_apply_with_one_line_naming_the_file(
                             times=1000, other=other, after_bytes=10, delay=0.5)
     out = tmp_path / "out"
     try:
-        proc = served.cli(served.env(tmp_path / "home", HF_HUB_DOWNLOAD_TIMEOUT="1"), "apply", RULE,
+        proc = served.cli(served.env(tmp_path / "home", HF_HUB_DOWNLOAD_TIMEOUT="1", CKPTXFORM_HUB_STALL="1"), "apply", RULE,
                           *sources(served, "main"), "--source", f"verifier={REPOS['verifier']}@main?fetch=ranges",
                           "--out", out)
     finally:

@@ -127,7 +127,7 @@ def test_one_bar_over_every_worker_reaches_100_percent(
         rules: Path, standins: HeadlineStandins, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     result = api.apply(rules, out=tmp_path / "out", sources=standins.sources, jobs=2, progress=True)
     err = capsys.readouterr().err
-    states = re.findall(r"writing:\s+(\d+)%\|[^|]*\| ([\d.]+[kMG]?)/([\d.]+[kMG]?)", err)
+    states = re.findall(r"apply:\s+(\d+)%\|[^|]*\| ([\d.]+[kMG]?)/([\d.]+[kMG]?)", err)
     assert states, err
     assert states[-1][0] == "100" and states[-1][1] == states[-1][2], err
     # (how often it moves on the way depends on timing: workers report every 50 ms; not asserted)

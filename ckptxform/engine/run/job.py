@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from ...errors import OutputError, SourceChangedError
 from ...log import logger
+from ...sources.hub.meter import reporting
 from ...sources.pins import check_unchanged
 from ...tensor_digest import NO_DIGEST
 from ..output.audit import AUDIT_FILE, AuditLog, run_event
@@ -29,7 +30,7 @@ from ..plan.planner import Plan
 from ..plan.recipes import OutputPlan
 from .executors import EXECUTORS, default_jobs
 from .options import RunOptions
-from .progress import ShardProgress
+from .progress import RunProgress
 from .result import ApplyResult, WrittenTensor
 from .tasks import ShardTask, shard_tasks
 from .writer import write_index, write_json_file
@@ -109,7 +110,7 @@ def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[Sha
     workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, len(tasks))
     workers = min(workers, max(1, len(tasks)))
     executor = EXECUTORS[options.executor](options, sources, workers)
-    bar = ShardProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
+    bar = RunProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
     by_file = {t.file: t.index for t in tasks}
 
     def done(record: ShardRecord) -> None:
@@ -117,7 +118,9 @@ def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[Sha
         bar.finish(by_file[record.file])
 
     try:
-        executor.run(tasks, done, bar.update)
+        with reporting(bar.fetched):  # the Hub bytes the tasks fetch, into the same bar
+            executor.run(tasks, done, bar.update)
+        bar.fetches_done()
     finally:
         bar.close()
     if options.executor == "ray":

@@ -1,7 +1,7 @@
 """``ProcessPool``: shard tasks in worker processes of this machine (``--jobs N``).
 
-Workers report the bytes they write through a queue the parent drains between waits (one
-bar over all workers); a worker that dies is one OutputError naming the shards that
+Workers report the bytes they write and the Hub bytes they fetch through a queue the
+parent drains between waits (one bar over all workers); a worker that dies is one OutputError naming the shards that
 were unwritten, never a hang; a task's error lets the running tasks finish; Ctrl-C (or
 SIGTERM) kills the workers at once, so the run ends within a wait, keeping the shards
 already finished.
@@ -13,12 +13,14 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from ...errors import OutputError
+from ...sources.hub import meter
 from ..output.jobdir import ShardRecord
 from .tasks import Done, Progress, ShardTask, run_shard, shard_error
 
@@ -59,6 +61,7 @@ class ProcessPool:
                     except Exception as err:  # noqa: BLE001 - the task's own error, whatever it is
                         raise shard_error(futures[future], err)  # its context: err, with the worker's traceback
                     done(record)
+            _drain(reports, progress)  # what the last task reported before its record
         except Exception:
             raise  # a task failed: the running ones finish (and are kept), the others are cancelled
         except BaseException:
@@ -75,10 +78,14 @@ class ProcessPool:
 def _drain(reports: Any, progress: Progress) -> None:
     while True:
         try:
-            index, nbytes = reports.get_nowait()
+            kind, first, second = reports.get_nowait()
         except queue.Empty:
             return
-        progress(index, nbytes)
+        if kind == _WRITTEN:
+            progress(first, second)
+        else:  # a worker's fetch: into this process's meter, which the run's bar listens to
+            meter.expect(first)
+            meter.arrived(second)
 
 
 def _succeeded(future: Future[ShardRecord]) -> bool:
@@ -89,16 +96,44 @@ def _succeeded(future: Future[ShardRecord]) -> bool:
 _REPORTS: Any = None
 
 
+_WRITTEN, _FETCHED = "written", "fetched"
+
+
 def _pool_shard(task: ShardTask) -> ShardRecord:
-    pending = [0, time.monotonic()]
+    if _REPORTS is None:
+        return run_shard(task, None)
+    written = _Batched(lambda n, _: _REPORTS.put((_WRITTEN, task.index, n)))
+    fetched = _Batched(lambda expected, arrived: _REPORTS.put((_FETCHED, expected, arrived)))
+    try:
+        with meter.reporting(fetched.add):
+            return run_shard(task, lambda n: written.add(n, 0))
+    finally:
+        fetched.flush()
 
-    def report(nbytes: int) -> None:
-        pending[0] += nbytes
-        if time.monotonic() - pending[1] >= REPORT_EVERY:
-            _REPORTS.put((task.index, pending[0]))
-            pending[:] = [0, time.monotonic()]
 
-    return run_shard(task, report if _REPORTS is not None else None)
+class _Batched:
+    """Pairs of counts summed and sent at most every ``REPORT_EVERY`` seconds (fetches come
+    from many threads)."""
+
+    def __init__(self, send: Callable[[int, int], None]) -> None:
+        self._send = send
+        self._pending = [0, 0]
+        self._sent_at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def add(self, first: int, second: int) -> None:
+        with self._lock:
+            self._pending[0] += first
+            self._pending[1] += second
+            if time.monotonic() - self._sent_at < REPORT_EVERY:
+                return
+        self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._sent_at = self._pending, [0, 0], time.monotonic()
+        if pending != [0, 0]:
+            self._send(*pending)
 
 
 def _worker_started(parent: int, reports: Any) -> None:

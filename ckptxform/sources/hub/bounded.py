@@ -7,9 +7,13 @@ bounds of ckptxform hold on every request instead:
 
 - an answer asking to wait longer than ``MAX_RETRY_AFTER`` (60 s) is not waited for:
   ``WaitTooLong`` is raised from the transport, before huggingface_hub's backoff sees it;
-- a request whose answer (headers and body) arrives slower than ``MIN_BYTES_PER_SECOND``
-  after a grace of the read timeout (``HF_HUB_DOWNLOAD_TIMEOUT``) is cut: ``TooSlow``,
-  raised from the connection's reads.
+- a request whose answer (headers or body) stops: no byte for ``stall_seconds()``
+  (``CKPTXFORM_HUB_STALL``, default 30 s) is cut: ``Stalled``, raised from the
+  connection's reads, not retried. A slow server that keeps sending is waited for however
+  long the answer takes: what tells a dead link from a slow one is whether bytes still
+  arrive, not how fast (a rate floor failed live but slow servers, and loaded machines).
+  The bound replaces the read timeout of every request (huggingface_hub's
+  ``HF_HUB_DOWNLOAD_TIMEOUT`` included, whose expiry it would retry, five times).
 
 ``bounded_client`` wraps any ``httpx.Client`` (huggingface_hub's, through its client
 factory, and the range client of http.py), keeping its own settings (proxies, TLS).
@@ -17,14 +21,18 @@ factory, and the range client of http.py), keeping its own settings (proxies, TL
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 from typing import Any
+
+from ckptxform.errors import UsageError
+from ckptxform.sources.hub import meter
 
 #: The longest ``Retry-After`` waited for; a server asking more fails the run at once.
 MAX_RETRY_AFTER = 60.0
-#: A request answered slower than this (after the read timeout's grace) is refused, not waited for.
-MIN_BYTES_PER_SECOND = 64 * 1024
+#: Seconds without a byte after which an answer is taken as dead (``CKPTXFORM_HUB_STALL``).
+DEFAULT_STALL = 30.0
+STALL_VARIABLE = "CKPTXFORM_HUB_STALL"
 _WAIT_STATUS = (429, 503)
 
 _installed = threading.Lock()
@@ -40,13 +48,28 @@ class WaitTooLong(Exception):
         self.seconds = seconds
 
 
-class TooSlow(Exception):
-    """An answer arriving under MIN_BYTES_PER_SECOND: ``received`` bytes in ``seconds``."""
+class Stalled(Exception):
+    """An answer that stopped: no byte for ``seconds``, after ``received`` bytes of it."""
 
     def __init__(self, received: int, seconds: float) -> None:
-        super().__init__(f"{received} bytes in {seconds:.0f} s")
+        super().__init__(f"no byte for {seconds:g} s after {received} bytes")
         self.received = received
         self.seconds = seconds
+
+
+def stall_seconds() -> float:
+    """The stall bound: ``CKPTXFORM_HUB_STALL`` seconds (a positive number), else 30."""
+    text = os.environ.get(STALL_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_STALL
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"{STALL_VARIABLE}={text!r}: write the seconds a Hub answer may go without a byte "
+                         f"before the run fails, a positive number (default {DEFAULT_STALL:g})")
+    return seconds
 
 
 def bound_hub_client() -> None:
@@ -63,18 +86,11 @@ def bound_hub_client() -> None:
 
 
 def bounded_client(client: Any) -> Any:
-    """``client`` with every transport capping waits and with a rate floor on its connections."""
+    """``client`` with every transport capping waits and with the stall bound on its connections."""
     client._transport = _CappedTransport(client._transport)
     client._mounts = {pattern: None if transport is None else _CappedTransport(transport)
                       for pattern, transport in client._mounts.items()}
     return client
-
-
-def grace() -> float:
-    """Seconds an answer may take before the rate floor applies (the read timeout)."""
-    from huggingface_hub import constants
-
-    return float(constants.HF_HUB_DOWNLOAD_TIMEOUT)
 
 
 def asked_wait(status: int, headers: Any) -> float | None:
@@ -94,13 +110,13 @@ def asked_wait(status: int, headers: Any) -> float | None:
 
 
 class _CappedTransport:
-    """An ``httpx.BaseTransport`` around another: refuses long waits, floors the rate."""
+    """An ``httpx.BaseTransport`` around another: refuses long waits, cuts stalled answers."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         pool = getattr(inner, "_pool", None)
-        if pool is not None and not isinstance(getattr(pool, "_network_backend", None), _FloorBackend):
-            pool._network_backend = _FloorBackend(pool._network_backend)
+        if pool is not None and not isinstance(getattr(pool, "_network_backend", None), _StallBackend):
+            pool._network_backend = _StallBackend(pool._network_backend)
 
     def handle_request(self, request: Any) -> Any:
         response = self._inner.handle_request(request)
@@ -121,17 +137,17 @@ class _CappedTransport:
         self._inner.__exit__(*exc)
 
 
-class _FloorBackend:
-    """A network backend whose streams cut a request answered too slowly."""
+class _StallBackend:
+    """A network backend whose streams cut an answer that stopped."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def connect_tcp(self, *args: Any, **kwargs: Any) -> _FloorStream:
-        return _FloorStream(self._inner.connect_tcp(*args, **kwargs))
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> _StallStream:
+        return _StallStream(self._inner.connect_tcp(*args, **kwargs))
 
-    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _FloorStream:
-        return _FloorStream(self._inner.connect_unix_socket(*args, **kwargs))
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _StallStream:
+        return _StallStream(self._inner.connect_unix_socket(*args, **kwargs))
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -145,36 +161,33 @@ def _read_timeout() -> type[Exception]:
     return httpcore.ReadTimeout  # type: ignore[no-any-return]
 
 
-class _FloorStream:
-    """One connection: each request (a write, then reads) must be answered at the floor."""
+class _StallStream:
+    """One connection: every read waits up to the stall bound for its first byte, whatever
+    read timeout the caller set; a request's answer is counted from its write."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
-        self._started = time.monotonic()
         self._received = 0
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._started, self._received = time.monotonic(), 0  # a request: its answer is timed anew
+        self._received = 0  # a request: its answer is counted anew
         self._inner.write(buffer, timeout)
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        left = self._started + grace() + self._received / MIN_BYTES_PER_SECOND - time.monotonic()
-        if left <= 0:
-            raise TooSlow(self._received, time.monotonic() - self._started)
+        bound = stall_seconds()
         try:
-            data = self._inner.read(max_bytes, left if timeout is None else min(timeout, left))
+            data = self._inner.read(max_bytes, bound)
         except _read_timeout() as err:
-            if timeout is None or left < timeout:  # the floor's bound, not the caller's
-                raise TooSlow(self._received, time.monotonic() - self._started) from err
-            raise
+            raise Stalled(self._received, bound) from err
         self._received += len(data)
+        meter.streamed(len(data))
         return data
 
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, *args: Any, **kwargs: Any) -> _FloorStream:
-        return _FloorStream(self._inner.start_tls(*args, **kwargs))
+    def start_tls(self, *args: Any, **kwargs: Any) -> _StallStream:
+        return _StallStream(self._inner.start_tls(*args, **kwargs))
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)

@@ -2,7 +2,8 @@
 
 Everything goes through the real ``huggingface_hub`` client, so the conventions users
 already have hold: ``HF_TOKEN`` or the saved token, ``HF_HOME``, ``HF_HUB_CACHE``,
-``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1``, progress bars on a terminal only.
+``HF_ENDPOINT``, ``HF_HUB_OFFLINE=1``. Its downloads draw no bar: their bytes count in the
+run's one bar (``meter``).
 
 - The revision is resolved to a commit once (``HfApi.resolve_revision``); every later
   request names that commit, so a run reads one immutable snapshot.
@@ -56,7 +57,7 @@ from ckptxform.errors import (
 from ckptxform.log import logger
 from ckptxform.sources.base import TensorInfo, row_runs
 from ckptxform.sources.file_listing import hub_files
-from ckptxform.sources.hub.bounded import bound_hub_client
+from ckptxform.sources.hub.bounded import bound_hub_client, stall_seconds
 from ckptxform.sources.hub.errors import HubWhere, Retry, call_hub
 from ckptxform.sources.hub.fetch import (
     POLICIES,
@@ -71,6 +72,7 @@ from ckptxform.sources.hub.fetch import (
 )
 from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
 from ckptxform.sources.hub.index import load_json
+from ckptxform.sources.hub.meter import ByteCounter, expect
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
@@ -142,6 +144,7 @@ def open_hub(
             f"source {name!r}: fetch policy {policy!r} is not one of {', '.join(POLICIES)}", source=name
         )
     bound_hub_client()  # huggingface_hub's own requests keep ckptxform's bounds too
+    stall_seconds()  # a bad CKPTXFORM_HUB_STALL is a usage error now, not in a request
     ckpt = HubCheckpoint(
         repo_id, revision, name=name, policy=policy, location=location, retry=retry  # type: ignore[arg-type]
     )
@@ -421,7 +424,7 @@ class HubCheckpoint(LazyShards):
         if cached is _CACHED_NO_EXIST:
             return None
         try:
-            return Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+            return Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit, tqdm_class=ByteCounter), file=file))
         except EntryNotFoundError:
             return None
 
@@ -454,6 +457,7 @@ class HubCheckpoint(LazyShards):
 
     def _fetch_all(self, file: str, requests: list[Span], *, keep: bool = True) -> list[bytes]:
         """The bytes of each request (``keep=False``: into the range cache only)."""
+        expect(sum(r.size for r in requests))  # for the run's progress bar, when one counts
         def fetch(span: Span) -> bytes:
             data = self._fetch(file, span)
             return data if keep else b""
@@ -494,7 +498,7 @@ class HubCheckpoint(LazyShards):
         from huggingface_hub import hf_hub_download
 
         logger.info(f"{self._who()}: downloading {file} into the Hugging Face cache")
-        path = Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit), file=file))
+        path = Path(self._call(lambda: hf_hub_download(self.repo_id, file, revision=self.commit, tqdm_class=ByteCounter), file=file))
         self._local[file] = path
         return path
 

@@ -30,8 +30,8 @@ from ckptxform.errors import (
 from ckptxform.log import logger
 from ckptxform.sources.hub.bounded import (
     MAX_RETRY_AFTER,
-    MIN_BYTES_PER_SECOND,
-    TooSlow,
+    STALL_VARIABLE,
+    Stalled,
     WaitTooLong,
 )
 from ckptxform.sources.hub.http import BadAnswer, CutResponse
@@ -111,15 +111,15 @@ def call_hub(fn: Callable[[], _T], *, where: HubWhere, file: str | None, retry: 
 
 def _past_a_bound(exc: BaseException, where: HubWhere, file: str | None) -> HubError | None:
     """The error for a request that asked a longer wait than ckptxform's, or was answered
-    under its rate floor (``bounded``), wherever huggingface_hub wrapped it; else None."""
+    stopped past the stall bound (``bounded``), wherever huggingface_hub wrapped it; else None."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, WaitTooLong):
             return _wait_too_long(seen.seconds, f"HTTP {seen.status}", where, file)
-        if isinstance(seen, TooSlow):
-            return HubError(f"{where.who()}: {where.what(file)}: the server sent {seen.received} bytes in "
-                            f"{seen.seconds:.0f} s, under {MIN_BYTES_PER_SECOND // 1024} KiB/s (check the network, "
-                            "or raise HF_HUB_DOWNLOAD_TIMEOUT)", source=where.name, path=file)
+        if isinstance(seen, Stalled):
+            return HubError(f"{where.who()}: {where.what(file)}: the server stopped sending (no byte for "
+                            f"{seen.seconds:g} s, after {seen.received} bytes of the answer); check the network, "
+                            f"or raise {STALL_VARIABLE} for a server that pauses longer", source=where.name, path=file)
         seen = seen.__cause__ or seen.__context__
     return None
 

@@ -8,8 +8,8 @@ it (expired); the token goes to the Hub only, never to the CDN. Every answer mus
 206 for exactly the bytes asked, of the file's size, unencoded, with the ETag of the
 file's first answer (the CDN's ETag is not the Hub's ``X-Linked-Etag``, so each is
 compared with its own first value): anything else is a ``BadAnswer`` (the server, or a
-proxy, misbehaves: not retried) or a ``CutResponse`` (cut short: retried). An answer must
-arrive at ``bounded.MIN_BYTES_PER_SECOND`` at least, and ``MAX_REDIRECTS`` bounds redirects.
+proxy, misbehaves: not retried) or a ``CutResponse`` (cut short: retried). An answer that
+stops past ``bounded.stall_seconds()`` fails, and ``MAX_REDIRECTS`` bounds redirects.
 
 Requests share one HTTP/1.1 keep-alive pool sized for ``PARALLEL_REQUESTS`` in flight.
 """
@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from ckptxform.digits import ascii_int
+from ckptxform.sources.hub import meter
 from ckptxform.sources.hub.bounded import bounded_client
 from ckptxform.sources.hub.ranges import Span
 
@@ -264,14 +265,19 @@ class _Expired(Exception):
 
 
 def _read_body(response: Any, expected: int) -> bytes:
-    """The body, as the bytes arrive (the client's connections cut one under the rate floor)."""
+    """The body, as the bytes arrive (the client's connections cut one that stops)."""
     body = bytearray()
-    for chunk in response.iter_raw():  # as the bytes arrive (a chunk size would wait for it)
-        body += chunk
-        if len(body) > expected:
-            raise BadAnswer(f"the server sent more than the {expected} bytes asked")
-    if len(body) != expected:
-        raise CutResponse(f"{len(body)} of {expected} bytes")
+    try:
+        for chunk in response.iter_raw():  # as the bytes arrive (a chunk size would wait for it)
+            body += chunk
+            meter.arrived(len(chunk))
+            if len(body) > expected:
+                raise BadAnswer(f"the server sent more than the {expected} bytes asked")
+        if len(body) != expected:
+            raise CutResponse(f"{len(body)} of {expected} bytes")
+    except BaseException:
+        meter.arrived(-len(body))  # a retry fetches them again
+        raise
     return bytes(body)
 
 
