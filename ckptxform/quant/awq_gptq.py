@@ -110,11 +110,11 @@ def dequant_awq_rows(qweight: Buffer, qzeros: Buffer, scales: Buffer, *, first: 
     """Rows ``first ..`` of the ``[in, out]`` weight (``cols`` = out) from their ``qweight``
     rows, and the ``qzeros`` and ``scales`` rows of groups ``first // group`` to the last row's.
 
-    >>> q = np.array([[0x76543210]], dtype="<u4")  # nibbles 0..7: columns 0, 4, 1, 5, 2, 6, 3, 7
+    >>> q = np.array([[0x76543210]], dtype="<u4")  # nibble i (value i) holds column AWQ_ORDER[i]
     >>> out = dequant_awq_rows(q.tobytes(), np.zeros(1, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
     ...                        first=0, cols=8, group=1, scale_dtype="F16", out_dtype="F32")
     >>> np.frombuffer(out, "<f4").tolist()
-    [0.0, 2.0, 4.0, 6.0, 1.0, 3.0, 5.0, 7.0]
+    [0.0, 4.0, 1.0, 5.0, 2.0, 6.0, 3.0, 7.0]
     """
     q = awq_columns(_words(qweight, cols // 8))
     z = awq_columns(_words(qzeros, cols // 8)).astype(np.int16)
@@ -134,7 +134,7 @@ def dequant_gptq_rows(qweight: Buffer, qzeros: Buffer, scales: Buffer, g_idx: np
     each), ``g_idx`` their groups, ``qzeros``/``scales`` the rows of groups ``first_group`` on
     (every group ``g_idx`` names among them).
 
-    >>> q = np.array([[0x76543210]], dtype="<u4")  # rows 0..7, one column
+    >>> q = np.full((1, 8), 0x76543210, dtype="<u4")  # rows 0..7 of 8 columns
     >>> out = dequant_gptq_rows(q.tobytes(), np.full(1, 0x77777777, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
     ...                         np.zeros(8, np.int32), first_group=0, cols=8, scale_dtype="F16", out_dtype="F32")
     >>> np.frombuffer(out, "<f4").reshape(8, 8)[:, 0].tolist()
