@@ -145,6 +145,16 @@ def _bf16_llama(root: Path) -> Scenario:
     return Scenario({"model": str(model)}, keys, "model")
 
 
+def _awq_gptq(fmt: str, **kwargs: Any) -> Callable[[Path], Scenario]:
+    """AutoAWQ / GPTQ stand-ins (widths of 96 and 160: groups of 32 only, GQA 3:1)."""
+    def build(root: Path) -> Scenario:
+        from ckptxform.standins.awq_gptq import build_awq_llama, build_gptq_llama
+
+        model = (build_awq_llama if fmt == "awq" else build_gptq_llama)(root / fmt, seed=14, **kwargs)
+        return Scenario({"model": str(model)}, frozenset(read_output(model)), "model")
+    return build
+
+
 def _bf16_llama_int4(root: Path) -> Scenario:
     """Widths of whole int4 groups of 128 (W4A16 refuses others), GQA."""
     from ckptxform.standins.hf_models import LmDims, build_llama
@@ -167,7 +177,8 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 #: rules that convert a verifier (dequantize or quantize it), not a drafter: no drafter config to write
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml",
-                  "bf16_to_w4a16.yaml", "bf16_to_w4a16_asym.yaml")
+                  "bf16_to_w4a16.yaml", "bf16_to_w4a16_asym.yaml", "awq_to_bf16.yaml", "gptq_to_bf16.yaml",
+                  "awq_to_compressed_int4.yaml", "gptq_to_compressed_int4.yaml")
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
@@ -190,6 +201,10 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "bf16_to_nvfp4.yaml": _bf16_llama,
     "bf16_to_w4a16.yaml": _bf16_llama_int4,
     "bf16_to_w4a16_asym.yaml": _bf16_llama_int4,
+    "awq_to_bf16.yaml": _awq_gptq("awq"),
+    "awq_to_compressed_int4.yaml": _awq_gptq("awq"),
+    "gptq_to_bf16.yaml": _awq_gptq("gptq", desc_act=True, sym=False),
+    "gptq_to_compressed_int4.yaml": _awq_gptq("gptq", sym=False),
     "fp8_to_bf16.yaml": _FP8_SCALED,
     "nvfp4_to_bf16.yaml": _NVFP4_MIXED,
     "mtp_extract.yaml": lambda root: _qwen3_next(root),
@@ -328,7 +343,8 @@ def test_rule_accounts_for_every_source_tensor(name: str, runs: dict[str, Run]) 
     assert not [e for e in converted if e["action"] == "unused"]
     for event in converted:
         assert event["rule"] and event["reason"], event
-        assert (event["target"] is None) == (event["action"] == "skipped"), event
+        # a consumed tensor (AWQ/GPTQ qzeros, scales) is written into another's outputs, none of its own
+        assert (event["target"] is None) == (event["action"] in ("skipped", "consumed")), event
 
 
 @pytest.mark.parametrize("name", DRAFTER_RULES)

@@ -17,6 +17,8 @@ from .affine import Add, Divide, Multiply
 from .combine import Combine
 from .base import Block, BlockOp, Context, NoInverse, OpDef, Run, Step, Value, View
 from .dequant import DequantFp8Block, DequantInt4
+from .dequant_awq_gptq import DequantAwq, DequantGptq
+from .repack_awq_gptq import RepackAwq, RepackGptq
 from .dequant_gguf import DequantGguf
 from .dequant_mxfp4 import DequantMxfp4
 from .dequant_scaled import DequantScaled
@@ -36,14 +38,14 @@ from .quantize_int4 import QuantizeW4A16
 from .resize import ResizeRows
 from .rows import PermuteRows
 from .shards import ConcatShards
-from .transpose import Transpose
+from .transpose import TRANSPOSE
 from .views import Deinterleave, Interleave, MergeHeads, Reshape, SplitHeads
 
 from .registry import OpRegistry
 
 #: every verb: the built-in ops below, then plug-ins (entry points ``ckptxform.ops``)
 OPS = OpRegistry({op.verb: op for op in (
-    Stack(), Unstack(), Concat(), Split(), Transpose(), RopePermute(), RopeUnpermute(), QkvInterleave(),
+    Stack(), Unstack(), Concat(), Split(), TRANSPOSE, RopePermute(), RopeUnpermute(), QkvInterleave(),
     QkvDeinterleave(), ResizeRows(), DequantFp8Block(), DequantInt4(), PermuteRows(),
     DequantMxfp4(),
     Add(), Multiply(), Divide(), Reshape(), Deinterleave(), Interleave(), SplitHeads(), MergeHeads(),
@@ -54,6 +56,7 @@ OPS = OpRegistry({op.verb: op for op in (
     DequantGguf(),
     GgufQuantize(),
     QuantizeW4A16(),
+    DequantAwq(), DequantGptq(), RepackAwq(), RepackGptq(),
 )})
 
 

@@ -74,6 +74,11 @@ class Transpose(BlockOp):
                     yield tiles.tile(b, c0, min(step, columns.stop - c0))
 
 
+#: the registered instance: other ops end their programs with it (the plan codec names an op
+#: by its registered instance)
+TRANSPOSE = Transpose()
+
+
 class _ReadTiles:
     """Tiles read as one run per (a, m): for inputs that are not one local file range."""
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptxform.standins.awq_gptq import build_awq_llama, build_gptq_llama
 from ckptxform.standins.dcp_checkpoints import build_megatron_gpt, build_torchtitan_llama
 from ckptxform.standins.dims import KIMI_K2_TINY, LLAMA31_8B_TINY
 from ckptxform.standins.dflash import build_dflash_drafter, build_qwen3_verifier
@@ -204,6 +205,28 @@ STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25_sglang": RuleStandin(
         _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (native, SGLang)",
         "AQ-MedAI/Kimi-K2-Instruct-eagle3 -> AQ-MedAI/Kimi-K25-eagle3's vocabulary", _DRAFTER_CHECKS),
+    "awq_to_bf16": RuleStandin(
+        lambda root: _model(build_awq_llama(root / "Qwen2.5-7B-Instruct-AWQ")), "AutoAWQ GEMM int4 (qweight, qzeros, scales)",
+        "bfloat16", "Qwen/Qwen2.5-7B-Instruct-AWQ, TheBloke/*-AWQ, casperhansen/*-awq",
+        "AutoAWQ 0.2.9's dequantize_gemm, bit for bit (tests/test_awq_gptq_reference.py)"),
+    "gptq_to_bf16": RuleStandin(
+        lambda root: _model(build_gptq_llama(root / "Qwen2.5-7B-Instruct-GPTQ-Int4", desc_act=True, sym=False)),
+        "GPTQ v1 int4 (qweight, qzeros, scales, g_idx; desc_act, asymmetric)", "bfloat16",
+        "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4, TheBloke/*-GPTQ (auto-gptq, optimum, GPTQModel v1)",
+        "auto-gptq 0.7.1's QuantLinear CPU path, bit for bit (tests/test_awq_gptq_reference.py)"),
+    "awq_to_compressed_int4": RuleStandin(
+        lambda root: _model(build_awq_llama(root / "Qwen2.5-7B-Instruct-AWQ")), "AutoAWQ GEMM int4 (qweight, qzeros, scales)",
+        "compressed-tensors pack-quantized int4 with zero points (nibbles moved)",
+        "Qwen/Qwen2.5-7B-Instruct-AWQ, TheBloke/*-AWQ, casperhansen/*-awq",
+        "compressed-tensors 0.20's AutoAWQConverter: same tensors byte for byte, same quantization_config "
+        "(tests/test_awq_gptq_reference.py)"),
+    "gptq_to_compressed_int4": RuleStandin(
+        lambda root: _model(build_gptq_llama(root / "Qwen2.5-7B-Instruct-GPTQ-Int4", sym=False)),
+        "GPTQ v1 int4, rows in group order (qweight, qzeros, scales, g_idx)",
+        "compressed-tensors pack-quantized int4 (nibbles moved; zero points when asymmetric)",
+        "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4, TheBloke/*-GPTQ (auto-gptq, optimum, GPTQModel v1)",
+        "compressed-tensors has no GPTQ converter: its decompress of the output is auto-gptq 0.7.1's "
+        "QuantLinear dequantization, bit for bit (tests/test_awq_gptq_reference.py)"),
     "compressed_int4_to_bf16": RuleStandin(
         lambda root: _model(build_kimi_k25_verifier(root / "Kimi-K2.5", KIMI_K2_TINY, num_shards=5).path),
         "compressed-tensors pack-quantized int4", "bfloat16",
