@@ -328,8 +328,10 @@ def ref_quantize_nvfp4(t: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     if cols % 16:
         raise Invalid("nvfp4: the row is not whole groups of 16")
     amax = t.abs().amax() if t.numel() else torch.tensor(0.0, dtype=t.dtype)
-    amax = amax.clamp(min=torch.finfo(t.dtype).tiny)
-    glob = torch.nan_to_num(amax.reciprocal() * 2688.0, nan=1.0, posinf=1.0, neginf=1.0).float().reshape(1)
+    glob = torch.nan_to_num(amax.clamp(min=torch.finfo(t.dtype).tiny).reciprocal() * 2688.0, nan=1.0, posinf=1.0,
+                            neginf=1.0).float().reshape(1)
+    if glob.item() == 1.0 and amax.item() != 0 and t.dtype == torch.float16:  # F16 overflowed: in float32
+        glob = (amax.float().reciprocal() * 2688.0).reshape(1)
     groups = t.unflatten(-1, (-1, 16))
     local = (groups.abs().amax(-1) if groups.numel() else torch.zeros(rows, cols // 16, dtype=t.dtype)) \
         / torch.tensor(6.0, dtype=t.dtype)

@@ -125,6 +125,14 @@ def _kimi_k2_fp8(root: Path) -> Scenario:
     return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
 
 
+def _kimi_k2_fp8_128(root: Path) -> Scenario:
+    """The real 128x128 blocks at 1/4 widths: rows of whole int4 groups of 128 (W4A16 refuses others)."""
+    from ckptxform.standins.for_rules import KIMI_K2_REQUANT
+
+    model = build_kimi_k2(root / "Kimi-K2-Instruct", KIMI_K2_REQUANT, block=(128, 128), num_shards=2, seed=12)
+    return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
+
+
 def _kimi_k25_int4(root: Path) -> Scenario:
     model = build_kimi_k25_verifier(root / "Kimi-K2.5", KIMI_K2_TINY, seed=13)
     return Scenario({"model": str(model.path)}, frozenset(model.keys), "model")
@@ -178,7 +186,8 @@ _FP8_SCALED, _NVFP4_MIXED = _scaled_llama("fp8-tensor"), _scaled_llama("mixed")
 VERIFIER_RULES = ("compressed_int4_to_bf16.yaml", "fp8_block_to_bf16.yaml", "mxfp4_to_bf16.yaml", "fp8_to_bf16.yaml",
                   "nvfp4_to_bf16.yaml", "bf16_to_fp8_block.yaml", "bf16_to_fp8_dynamic.yaml", "bf16_to_nvfp4.yaml",
                   "bf16_to_w4a16.yaml", "bf16_to_w4a16_asym.yaml", "awq_to_bf16.yaml", "gptq_to_bf16.yaml",
-                  "awq_to_compressed_int4.yaml", "gptq_to_compressed_int4.yaml")
+                  "awq_to_compressed_int4.yaml", "gptq_to_compressed_int4.yaml", "fp8_block_to_nvfp4.yaml",
+                  "fp8_block_to_w4a16.yaml")
 
 #: drafters that are not EAGLE-3 ones (no norm flags, no vocabulary map)
 NOT_EAGLE3_RULES = ("deepseek_nextn_extract.yaml", "dflash_to_speculators.yaml", "mtp_extract.yaml",
@@ -194,6 +203,8 @@ STANDINS: dict[str, Callable[[Path], Scenario]] = {
     "prune_draft_vocab.yaml": _full_vocab_kimi,
     "prune_draft_vocab_mla.yaml": _full_vocab_kimi_mla,
     "fp8_block_to_bf16.yaml": _kimi_k2_fp8,
+    "fp8_block_to_nvfp4.yaml": _kimi_k2_fp8_128,
+    "fp8_block_to_w4a16.yaml": _kimi_k2_fp8_128,
     "compressed_int4_to_bf16.yaml": _kimi_k25_int4,
     "mxfp4_to_bf16.yaml": _gpt_oss_mxfp4,
     "bf16_to_fp8_block.yaml": _bf16_llama,

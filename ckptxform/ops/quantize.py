@@ -42,6 +42,7 @@ from ..quant.quantize_kernels import (
     NVFP4_GROUP,
     WEIGHT_DTYPES,
     NonFiniteWeight,
+    UnscalableWeight,
     absmax,
     fp8_rows,
     fp8_scale_rows,
@@ -218,6 +219,11 @@ class QuantizeNvfp4(_Quantize):
             scale = nvfp4_global_scale(_fused_absmax(inputs, dtype, chunk_bytes), dtype)
         except NonFiniteWeight:
             raise _nonfinite(block) from None
+        except UnscalableWeight as err:
+            fused = " (with the tensors it shares its global scale with)" if len(inputs) > 1 else ""
+            raise CheckpointFormatError(f"{block.args['what']}{fused}: its largest magnitude is too small for an "
+                                        f"NVFP4 global scale ({err}), so every value would dequantize to 0 or a "
+                                        "wrong scale; add its module to ignore", key=block.args["key"]) from None
         if part == "weight_global_scale":
             import numpy as np
 

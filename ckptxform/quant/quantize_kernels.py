@@ -22,8 +22,10 @@ NVFP4 (``nvfp4-pack-quantized``: e2m1 codes two a byte, an e4m3 scale per 16 col
 one float32 ``weight_global_scale`` per tensor, or per fused set: q/k/v, gate/up):
 
 - ``global = round_w(round_w(1 / absmax) * 2688)`` (448 * 6; torch computes ``c / t`` as
-  ``t.reciprocal() * c``), absmax at least the dtype's smallest normal; an infinite
-  result (an all-zero set) is 1.0.
+  ``t.reciprocal() * c``), absmax at least the dtype's smallest normal; an all-zero set
+  is 1.0. An F16 quotient that overflows (absmax < ~0.041) is computed in float32 instead
+  (compressed-tensors' own dtype for it: its 1.0 fallback would zero a third of the
+  weight), and a nonzero set whose float32 quotient overflows too is refused.
 - ``s = e4m3(clamp(f32(global * round_w(absmax(group) / 6)), -448, 448))``, 0 stored as 0.125.
 - ``code = e2m1(clamp(f32(x / f32(f32(s) / global)), -6, 6))``, ties to even; the sign bit is
   set for a NEGATIVE quotient only: a negative value that rounds to zero is code 8
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from .fp4 import pack_e2m1
 from .layouts import Fp8Block
-from .quantize_shared import FP4_MAX, FP8_MAX, WEIGHT_DTYPES, NonFiniteWeight, eps
+from .quantize_shared import FP4_MAX, FP8_MAX, WEIGHT_DTYPES, NonFiniteWeight, UnscalableWeight, eps
 from .quantize_shared import bits16 as _bits16
 from .quantize_shared import finite as _finite
 from .quantize_shared import rounded as _round
@@ -50,7 +52,7 @@ from .quantize_shared import weight_values as _values
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FP4_MAX", "FP8_MAX", "NonFiniteWeight", "WEIGHT_DTYPES", "absmax", "eps", "fp8_rows", "fp8_scale_rows",
+__all__ = ["FP4_MAX", "FP8_MAX", "NonFiniteWeight", "UnscalableWeight", "WEIGHT_DTYPES", "absmax", "eps", "fp8_rows", "fp8_scale_rows",
            "nvfp4_global_scale", "nvfp4_rows", "nvfp4_scale_rows"]
 
 Buffer = bytes | bytearray | memoryview
@@ -171,18 +173,36 @@ def absmax(weight: Buffer, dtype: str, cols: int) -> float:
 def nvfp4_global_scale(amax: float, dtype: str) -> float:
     """The float32 ``weight_global_scale`` of a tensor (or fused set) of absmax ``amax``.
 
-    >>> nvfp4_global_scale(0.0, "BF16"), nvfp4_global_scale(1.0, "BF16")
-    (1.0, 2688.0)
+    In the weight's dtype, as llm-compressor's model-free path hands compressed-tensors'
+    ``generate_gparam`` the weight's own statistics, except where an F16 quotient overflows
+    (absmax below 2688 / 65504, about 0.041): there in float32, as ``generate_gparam``
+    computes from float32 statistics (its fallback of 1.0 for the overflow would put a
+    third of such a weight's values at 0). An all-zero set is 1.0; a nonzero absmax whose
+    quotient overflows even float32 (below about 7.9e-36) raises ``UnscalableWeight``.
+
+    >>> nvfp4_global_scale(0.0, "BF16"), nvfp4_global_scale(1.0, "BF16"), nvfp4_global_scale(0.0123, "F16")
+    (1.0, 2688.0, 218536.609375)
     """
     import numpy as np
 
-    tiny = {"BF16": float(np.finfo(np.float32).tiny), "F16": float(np.finfo(np.float16).tiny),
-            "F32": float(np.finfo(np.float32).tiny)}[dtype]
+    if amax == 0.0:
+        return 1.0
+    value = _quotient(amax, dtype)
+    if not np.isfinite(value) and dtype == "F16":
+        value = _quotient(amax, "F32")
+    if not np.isfinite(value):
+        raise UnscalableWeight(f"absmax {amax!r}: 2688 / absmax overflows float32")
+    return value
+
+
+def _quotient(amax: float, dtype: str) -> float:
+    """``2688 / max(amax, tiny)`` as torch computes it in ``dtype`` (``t.reciprocal() * c``)."""
+    import numpy as np
+
+    tiny = float(np.finfo(np.float16 if dtype == "F16" else np.float32).tiny)
     with np.errstate(over="ignore", divide="ignore"):
         inv = _round(np.array([1.0], np.float32) / np.float32(max(amax, tiny)), dtype)
-        out = _round(inv * np.float32(FP8_MAX * FP4_MAX), dtype)
-    value = float(out[0])
-    return value if np.isfinite(value) else 1.0
+        return float(_round(inv * np.float32(FP8_MAX * FP4_MAX), dtype)[0])
 
 
 def _nvfp4_scales(x: np.ndarray, global_scale: float, dtype: str) -> np.ndarray:

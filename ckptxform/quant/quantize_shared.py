@@ -24,6 +24,10 @@ class NonFiniteWeight(ValueError):
     """A NaN or infinite weight value: quantizing it is meaningless."""
 
 
+class UnscalableWeight(ValueError):
+    """A nonzero weight too small for any float32 NVFP4 global scale (2688 / absmax overflows)."""
+
+
 def eps(dtype: str) -> float:
     """The machine epsilon of a weight dtype: the scale compressed-tensors stores for an
     all-zero block (``torch.finfo(dtype).eps``).

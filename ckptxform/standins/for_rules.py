@@ -40,6 +40,7 @@ from ckptxform.standins.lora import build_lora_adapter
 from ckptxform.standins.mistral import build_mistral_consolidated
 from ckptxform.standins.mtp import build_qwen3_next_verifier
 from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
+from ckptxform.standins.deepseek import KIMI_K2_TEXT
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
 from ckptxform.standins.spm_llama import build_spm_llama
@@ -197,6 +198,19 @@ def _bf16_llama_int4(root: Path) -> dict[str, str]:
     return _model(build_llama(root / "Qwen3-8B-bf16", _INT4_TINY))
 
 
+#: Kimi-K2 at 1/4 widths with the real 128x128 FP8 blocks: every row a whole number of int4
+#: groups of 128 (NVFP4's 16 too), kv_a_proj's 144 rows a partial block, a 301-row vocabulary
+KIMI_K2_REQUANT = KIMI_K2_TEXT.scaled(4, layers=2, routed_experts=2, experts_per_token=1, vocab=301,
+                                      intermediate=1152)
+_REQUANT_CHECKS = ("the two-step reference: compressed-tensors' FP8BlockDequantizer, then llm-compressor 0.14 "
+                   "model_free_ptq, byte for byte with quantization_config; fp8_block_to_bf16 then {} gives "
+                   "the same bytes (tests/test_requantize_reference.py, tests/test_requantize_rules.py)")
+
+
+def _kimi_k2_fp8_128(root: Path) -> dict[str, str]:
+    return _model(build_kimi_k2(root / "Kimi-K2-Instruct", KIMI_K2_REQUANT, block=(128, 128), num_shards=3).path)
+
+
 STANDINS: dict[str, RuleStandin] = {
     "aqmedai_k2_to_k25": RuleStandin(
         _headline, "Kimi-K2 EAGLE-3 drafter (native)", "Kimi-K2.5 drafter (speculators layout)",
@@ -240,6 +254,13 @@ STANDINS: dict[str, RuleStandin] = {
         lambda root: _model(build_kimi_k2(root / "Kimi-K2-Instruct", num_shards=5).path),
         "FP8 e4m3 block-scaled", "bfloat16", "DeepSeek-V3/R1, moonshotai/Kimi-K2-Instruct",
         "DeepSeek's weight_dequant, block by block; transformers loads it"),
+    "fp8_block_to_nvfp4": RuleStandin(
+        _kimi_k2_fp8_128, "FP8 e4m3 block-scaled", "NVFP4 weights, 16-bit activations (compressed-tensors "
+        "NVFP4A16), in one pass", "DeepSeek-V3/R1, moonshotai/Kimi-K2-Instruct", _REQUANT_CHECKS.format("bf16_to_nvfp4")),
+    "fp8_block_to_w4a16": RuleStandin(
+        _kimi_k2_fp8_128, "FP8 e4m3 block-scaled", "int4 weights, symmetric, group 128, 16-bit activations "
+        "(compressed-tensors W4A16), in one pass", "DeepSeek-V3/R1, moonshotai/Kimi-K2-Instruct",
+        _REQUANT_CHECKS.format("bf16_to_w4a16")),
     "gpt2_conv1d_to_linear": RuleStandin(
         lambda root: _model(build_gpt2(root / "gpt2")), "GPT-2 Conv1D [in, out], fused c_attn",
         "nn.Linear [out, in], q/k/v_proj", "openai-community/gpt2 and GPT2LMHeadModel saves",
