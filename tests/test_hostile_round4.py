@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import REPO
 from test_hostile_inputs import Case, make_source, write_rule
 from test_record_fuzz import _gguf, _gguf_nested_array, _torch_dist
 
@@ -251,3 +252,58 @@ def test_a_rename_onto_a_defining_name_is_refused(case: Case) -> None:
     case.fails("apply", rule, "--out", "out", code=1, line=(
         "error: files[0] (r.yaml:6): would copy m:'notes.txt' to 'x/.metadata', which is the index of a PyTorch DCP "
         "checkpoint: the output would read as a DCP checkpoint with no weights; rename it to another name"))
+
+
+# ---------------------------------------------------------------- 2: stacks of one template agree in count
+
+
+def _experts(root: Path, layers: list[list[str]], names: tuple[str, ...], prefix: str, gate_rows: list[int],
+             config: dict[str, int]) -> None:
+    import json
+
+    tensors = {}
+    for layer, experts in enumerate(layers):
+        for e in experts:
+            for name in names:
+                shape = (4, 6) if name in ("w2", "down_proj") else (6, 4)
+                tensors[f"model.layers.{layer}.{prefix}.experts.{e}.{name}.weight"] = torch.ones(shape)
+        tensors[f"model.layers.{layer}.{prefix}.gate.weight"] = torch.ones(gate_rows[layer], 4)
+    make_source(root, tensors, config=json.dumps({**config, "hidden_size": 4}))
+
+
+def test_the_issue_s_mixtral_layer_with_a_superscript_where_expert_3_belongs_fails_the_plan(case: Case) -> None:
+    _experts(case.root / "m", [["0", "1", "2", "3"], ["0", "1", "2", "³"]], ("w1", "w3", "w2"),
+             "block_sparse_moe", [4, 4], {"num_local_experts": 4, "intermediate_size": 6})
+    case.fails("apply", "mixtral_legacy_to_fused", "--source", "model=m", "--out", "out", code=1, line=(
+        f"error: tensors[0].ops[0] stack ({REPO / 'rules' / 'mixtral_legacy_to_fused.yaml'}:27): incomplete group: "
+        "'model.layers.1.block_sparse_moe.experts.3.w1.weight' is missing; stack over {E} needs 0, 1, 2, 3"))
+
+
+def test_a_qwen_moe_layer_whose_router_agrees_with_its_fewer_experts_fails_naming_the_layer(case: Case) -> None:
+    # each layer's count is its own router's rows: layer 1 is complete by its own count
+    _experts(case.root / "m", [["0", "1", "2", "3"], ["0", "1", "2"]], ("gate_proj", "up_proj", "down_proj"),
+             "mlp", [4, 3], {"moe_intermediate_size": 6})
+    case.fails("plan", "qwen2_moe_legacy_to_fused", "--source", "model=m", code=1, line=(
+        f"error: tensors[1].ops[0] stack ({REPO / 'rules' / 'qwen2_moe_legacy_to_fused.yaml'}:34): incomplete "
+        "group: 'model.layers.1.mlp.experts.3.down_proj.weight' is missing; stack over {E} takes 4 members for "
+        "'model.layers.0.mlp.experts.*.down_proj.weight' but 3 for 'model.layers.1.mlp.experts.*.down_proj.weight'; "
+        "every instance of the template must have as many"))
+
+
+def test_a_qwen_moe_layer_with_a_superscript_expert_is_not_stacked(case: Case) -> None:
+    _experts(case.root / "m", [["0", "1", "2", "3"], ["0", "1", "2", "³"]], ("gate_proj", "up_proj", "down_proj"),
+             "mlp", [4, 3], {"num_experts": 4, "moe_intermediate_size": 6})
+    case.fails("plan", "qwen2_moe_legacy_to_fused", "--source", "model=m", code=1, line=(
+        f"error: tensors[1].ops[0] stack ({REPO / 'rules' / 'qwen2_moe_legacy_to_fused.yaml'}:34): "
+        "'model.layers.1.mlp.experts.³.down_proj.weight' is beyond the 3 members stack over {E} expects (0, 1, 2)"))
+
+
+def test_a_stack_counted_from_the_largest_index_agrees_across_layers(case: Case) -> None:
+    _experts(case.root / "m", [["0", "1", "2", "3"], ["0", "1", "2"]], ("w",), "moe", [4, 3], {})
+    rule = write_rule(case.root / "r.yaml", "sources: {m: {path: m}}\ntensors:\n"
+                                            "  - key: '{X*}.moe.experts.{E}.w.weight'\n    to: '{X}.moe.w'\n"
+                                            "    ops: [{stack: {over: E}}]\n  - match: '.+'\n")
+    case.fails("plan", rule, code=1, line=(
+        "error: tensors[0].ops[0] stack (r.yaml:6): incomplete group: 'model.layers.1.moe.experts.3.w.weight' is "
+        "missing; stack over {E} takes 4 members for 'model.layers.0.moe.experts.*.w.weight' but 3 for "
+        "'model.layers.1.moe.experts.*.w.weight'; every instance of the template must have as many"))
