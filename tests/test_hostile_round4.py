@@ -307,3 +307,192 @@ def test_a_stack_counted_from_the_largest_index_agrees_across_layers(case: Case)
         "error: tensors[0].ops[0] stack (r.yaml:6): incomplete group: 'model.layers.1.moe.experts.3.w.weight' is "
         "missing; stack over {E} takes 4 members for 'model.layers.0.moe.experts.*.w.weight' but 3 for "
         "'model.layers.1.moe.experts.*.w.weight'; every instance of the template must have as many"))
+
+
+# ---------------------------------------------------------------- 5: damaged records at the command line
+
+
+def _metadata_edit(change: Any) -> Any:
+    def damage(root: Path) -> None:
+        import pickle
+
+        path = root / ".metadata"
+        meta = pickle.loads(path.read_bytes())  # the test's own file, written by dcp.save
+        change(meta, min(meta.state_dict_metadata))
+        path.write_bytes(pickle.dumps(meta))
+    return damage
+
+
+def _common(value: Any) -> Any:
+    def damage(root: Path) -> None:
+        import argparse
+
+        torch.save({"args": argparse.Namespace(num_layers=2, hidden_size=4, bad=value), "iteration": 1},
+                   root / "common.pt")
+    return damage
+
+
+def _encrypted(member: str) -> Any:
+    def damage(root: Path) -> None:
+        data = bytearray((root / member).read_bytes())
+        for magic, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # the general-purpose flags, bit 0
+            start = data.find(magic)
+            while start >= 0:
+                data[start + at:start + at + 2] = struct.pack("<H", 1)
+                start = data.find(magic, start + 4)
+        (root / member).write_bytes(bytes(data))
+    return damage
+
+
+def _corrupt_deflate(root: Path) -> None:
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(root / "common.pt") as archive:
+        members = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as new:
+        for name, data in members:
+            new.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
+    blob = bytearray(out.getvalue())
+    name_len, extra_len = struct.unpack("<HH", blob[26:30])
+    for at in range(30 + name_len + extra_len, 38 + name_len + extra_len):
+        blob[at] ^= 0xFF
+    (root / "common.pt").write_bytes(bytes(blob))
+
+
+def _self_list() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+_METADATA = "error: td/iter_0000001/.metadata: not a DCP Metadata torch wrote: {}; give the directory dcp.save wrote, " \
+            "or save it again"
+_COMMON = "error: td/iter_0000001/common.pt: {}; the file is damaged, or fix the argument and save the checkpoint again"
+_ARCHIVE = "error: td/iter_0000001/{}: is not {} as torch.save writes it: its member {}; the file is damaged or " \
+           "hostile: copy it again from where it was saved"
+CHUNKS = "the chunks of tensor 'a' are not a list of chunk records"
+DAMAGED_RECORDS = {
+    "chunk an int": (_metadata_edit(lambda m, k: setattr(m.state_dict_metadata[k], "chunks", [7])),
+                     _METADATA.format(CHUNKS)),
+    "chunk a string": (_metadata_edit(lambda m, k: setattr(m.state_dict_metadata[k], "chunks", ["x"])),
+                       _METADATA.format(CHUNKS)),
+    "chunks a list holding itself": (_metadata_edit(lambda m, k: setattr(m.state_dict_metadata[k], "chunks",
+                                                                         _self_list())), _METADATA.format(CHUNKS)),
+    "storage entry a string": (
+        _metadata_edit(lambda m, k: m.storage_data.__setitem__(next(iter(m.storage_data)), "__0_0.distcp")),
+        _METADATA.format("a storage entry (where a chunk is stored) is a str, not torch's record")),
+    "key with a lone surrogate": (
+        _metadata_edit(lambda m, k: m.state_dict_metadata.__setitem__("\udc80" + k, m.state_dict_metadata.pop(k))),
+        _METADATA.format("key '\\udc80a' is not valid UTF-8 text")),
+    "common.pt encrypted": (_encrypted("common.pt"), _ARCHIVE.format(
+        "common.pt", "Megatron's common.pt", "'common/data.pkl' is marked encrypted, which torch.save never writes")),
+    "common.pt corrupt deflate": (_corrupt_deflate, _ARCHIVE.format(
+        "common.pt", "Megatron's common.pt", "'common/data.pkl' cannot be read (error: Error -3 while decompressing "
+        "data: invalid distance too far back)")),
+    "chunk file encrypted": (_encrypted("__0_0.distcp"), "error: td/iter_0000001/__0_0.distcp: tensor 'a', chunk at "
+                             "[0, 0]: is not a torch.save'd DCP chunk as torch.save writes it: its member "
+                             "'archive/data.pkl' is marked encrypted, which torch.save never writes; the file is "
+                             "damaged or hostile: copy it again from where it was saved"),
+    "args holding itself": (_common(_self_list()), _COMMON.format(
+        "args.bad[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0] is nested too deep (more than 16 lists, or a list "
+        "that holds itself)")),
+    "args NaN": (_common(float("nan")), _COMMON.format("args.bad is nan, which a config (JSON) cannot hold")),
+    "args inf": (_common(float("-inf")), _COMMON.format("args.bad is -inf, which a config (JSON) cannot hold")),
+    "args lone surrogate": (_common("\udc80"), _COMMON.format("args.bad is not valid UTF-8 text")),
+}
+
+
+@pytest.mark.parametrize("command", ["plan", "apply", "inspect"])
+@pytest.mark.parametrize("damage", list(DAMAGED_RECORDS))
+def test_a_damaged_record_is_one_line_naming_the_file_at_the_command_line(case: Case, damage: str,
+                                                                          command: str) -> None:
+    change, line = DAMAGED_RECORDS[damage]
+    _torch_dist(case.root / "td")
+    change(case.root / "td" / "iter_0000001")
+    write_rule(case.root / "r.yaml", "sources: {m: {path: td, config: common.pt}}\ntensors:\n  - match: 'a|b'\n"
+                                     "config:\n  from: m\n")
+    args = {"plan": ("plan", "r.yaml"), "apply": ("apply", "r.yaml", "--out", "out"), "inspect": ("inspect", "td")}
+    if command == "inspect" and ".metadata" not in line:
+        # inspect lists tensors from .metadata alone: it reads no chunk and no common.pt
+        proc = case.run_cli(*args[command], cwd=case.root)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        return
+    case.fails(*args[command], code=1, line=line)
+
+
+# ---------------------------------------------------------------- 10: sparse and inflating records
+
+
+def _peak_rss_mb(case: Case, *args: str) -> tuple[int, str, float]:
+    """Run the command in a fresh interpreter that reports its child's peak memory (MB)."""
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import json, resource, subprocess, sys\n"
+             "p = subprocess.run([sys.executable, '-m', 'ckptxform', *sys.argv[1:]], capture_output=True, text=True)\n"
+             "print(json.dumps([p.returncode, p.stderr, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))\n")
+    proc = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=case.root,
+                          timeout=600)
+    code, stderr, peak_kb = json.loads(proc.stdout)
+    return code, stderr, peak_kb / 1024
+
+
+@pytest.mark.parametrize(("start", "words"), [
+    (b"", "does not start as a pickle (first bytes b'\\x00\\x00'); a DCP .metadata file is a pickle dcp.save "
+          "writes: the file is damaged or is another file (copy the checkpoint again)"),
+    (b"\x80\x04\x95", "is not a readable pickle (UnpicklingError: invalid load key, '\\x00'.); a DCP .metadata file "
+                      "was truncated or damaged: copy it again from where it was saved"),
+])
+def test_a_sparse_gigabyte_metadata_is_refused_at_its_first_bytes(case: Case, start: bytes, words: str) -> None:
+    from test_record_fuzz import _dcp
+
+    _dcp(case.root / "d")
+    with open(case.root / "d" / ".metadata", "r+b") as f:
+        f.truncate(0)
+        f.write(start)
+        f.truncate(1 << 30)  # sparse: no disk, but 1 GiB to whoever reads it whole
+    code, stderr, peak = _peak_rss_mb(case, "inspect", "d")
+    assert (code, stderr.splitlines()) == (1, [f"error: d/.metadata: {words}"])
+    assert peak < 400, peak  # read whole, it took 2 GB
+
+
+@pytest.mark.parametrize("lies", [False, True])
+def test_a_common_pt_inflating_past_its_bound_is_refused_with_memory_bounded(case: Case, lies: bool) -> None:
+    import io
+    import zipfile
+
+    _torch_dist(case.root / "td")
+    path = case.root / "td" / "iter_0000001" / "common.pt"
+    with zipfile.ZipFile(path) as archive:
+        members = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    out = io.BytesIO()
+    inflated = 0
+    with zipfile.ZipFile(out, "w") as new:
+        for name, data in members:
+            if name.endswith("data.pkl"):
+                data += b"\0" * (512 << 20)  # after the pickle's STOP: 512 MB of zeros, ~0.5 MB deflated
+                inflated = len(data)
+            new.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
+    blob = bytearray(out.getvalue())
+    if lies:  # every header says the member holds 1,000 bytes
+        for magic, at in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+            start = blob.find(magic)
+            while start >= 0:
+                if struct.unpack("<I", blob[start + at:start + at + 4])[0] == inflated:
+                    blob[start + at:start + at + 4] = struct.pack("<I", 1000)
+                start = blob.find(magic, start + 4)
+    path.write_bytes(bytes(blob))
+    assert path.stat().st_size < 2 << 20
+    write_rule(case.root / "r.yaml", "sources: {m: {path: td, config: common.pt}}\ntensors:\n  - match: 'a|b'\n"
+                                     "config:\n  from: m\n")
+    code, stderr, peak = _peak_rss_mb(case, "plan", "r.yaml")
+    # a header that lies: zipfile reads no more than it says, and the checksum then fails
+    why = "cannot be read (BadZipFile: Bad CRC-32 for file 'common/data.pkl')" if lies else \
+        f"claims {inflated:,} bytes, more than the 67,108,864 such a record may hold"
+    assert (code, stderr.splitlines()) == (1, [
+        f"error: td/iter_0000001/common.pt: is not Megatron's common.pt as torch.save writes it: its member "
+        f"'common/data.pkl' {why}; the file is damaged or hostile: copy it again from where it was saved"])
+    assert peak < 400, peak
