@@ -496,3 +496,23 @@ def test_a_common_pt_inflating_past_its_bound_is_refused_with_memory_bounded(cas
         f"error: td/iter_0000001/common.pt: is not Megatron's common.pt as torch.save writes it: its member "
         f"'common/data.pkl' {why}; the file is damaged or hostile: copy it again from where it was saved"])
     assert peak < 400, peak
+
+
+@pytest.mark.parametrize("config", ["  from: m\n", "  set:\n    rope_theta: '${source.m.config.llama.rope.freq_base}'\n"])
+def test_a_nan_in_a_gguf_s_metadata_is_refused_at_plan_time_not_at_commit(case: Case, config: str) -> None:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(case.root / "m.gguf", "llama")
+    writer.add_rope_freq_base(float("nan"))
+    writer.add_tensor("a.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    rule = write_rule(case.root / "r.yaml", f"sources: {{m: {{path: m.gguf}}}}\ntensors:\n  - match: '.+'\n"
+                                            f"config:\n{config}")
+    field = "llama.rope.freq_base" if "from" in config else "rope_theta"
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: config (r.yaml:6): the written config.json would hold nan at '{field}', which JSON cannot hold; "
+        "fix it in the source, or set the field in the rule's config section"))
