@@ -1,8 +1,9 @@
 """Fuzzing the record layer of every source reader (issue 37): checkpoints written by the
 tools' own writers (``dcp.save``, Megatron's ``common.pt`` through ``torch.save``, Meta's
-``consolidated.NN.pth``, ``safetensors``), then damaged: truncated, bytes flipped, a zip
-member re-stored deflated to inflate, a pickle replaced by a deeply nested or
-self-referencing one. Whatever the damage, opening the source, reading its config and
+``consolidated.NN.pth``, ``safetensors``, gguf-py's ``GGUFWriter``), then damaged: truncated,
+bytes flipped, a zip member re-stored deflated to inflate, a pickle replaced by a deeply
+nested or self-referencing one, a GGUF header's counts, lengths, type ids and offsets
+changed or its arrays nested. Whatever the damage, opening the source, reading its config and
 every tensor either succeeds or raises ckptxform's own error (``CkptxformError``): never an
 internal one. Seeded and bounded (a few hundred cases, a few seconds).
 """
@@ -76,8 +77,31 @@ def _safetensors(root: Path) -> Path:
     return root
 
 
+def _gguf(root: Path) -> Path:
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+    root.mkdir(parents=True)
+    writer = GGUFWriter(root / "m.gguf", "llama")
+    writer.add_block_count(1)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_token_list(["a", "bb", "ccc"])
+    writer.add_array("x.ints", [1, 2, 3])
+    writer.add_array("x.nested", [[1, 2], [3]])
+    writer.add_tensor("a.weight", np.arange(32, dtype=np.float32).reshape(4, 8))
+    writer.add_tensor("b.weight", np.ones(8, dtype=np.float16))
+    q8 = quants.quantize(np.ones((2, 32), dtype=np.float32), GGMLQuantizationType.Q8_0)
+    writer.add_tensor("c.weight", q8, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return root / "m.gguf"
+
+
 BUILDERS: dict[str, Callable[[Path], Path]] = {"dcp": _dcp, "torch_dist": _torch_dist, "pth": _pth,
-                                               "model_parallel": _model_parallel, "safetensors": _safetensors}
+                                               "model_parallel": _model_parallel, "safetensors": _safetensors,
+                                               "gguf": _gguf}
 
 
 def _open_and_read_all(location: Path) -> None:
@@ -190,9 +214,55 @@ def _damaged_common(path: Path, rng: random.Random) -> None:
     torch.save({"args": args, "iteration": 1}, path)
 
 
+def _gguf_header_numbers(path: Path) -> list[tuple[int, int]]:
+    """(offset, width) of every count, length, type id, dim and offset of a GGUF header,
+    found by gguf-py's reader on the undamaged file."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    base = reader.data.__array_interface__["data"][0]
+    found = set()
+    for field in [*reader.fields.values(), *(t.field for t in reader.tensors)]:
+        for part in field.parts:
+            if part.dtype.kind == "u" and part.dtype.itemsize in (4, 8):
+                at = part.__array_interface__["data"][0] - base
+                found.update((at + i * part.dtype.itemsize, part.dtype.itemsize) for i in range(part.size))
+    return sorted(found)
+
+
+def _gguf_numbers_changed(path: Path, blob: bytes, rng: random.Random) -> bytes:
+    data = bytearray(blob)
+    at, width = rng.choice(_gguf_header_numbers(path))
+    was = int.from_bytes(blob[at:at + width], "little")
+    value = rng.choice((0, 1, 3, 13, was + 1, was - 1, was + 7, was + 31, 2 ** 31, 2 ** 32 - 1, 2 ** 32, 2 ** 40,
+                        2 ** 62, 2 ** 63, 2 ** 64 - 1))
+    data[at:at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+    return bytes(data)
+
+
+def _gguf_nested_array(depth: int, item: int = 4) -> bytes:
+    """A GGUF v3 whose one key holds an array of arrays ``depth`` deep (innermost of value type ``item``)."""
+    key = b"x.deep"
+    body = struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
+    body += struct.pack("<IQ", 9, 1) * (depth - 1) + struct.pack("<IQ", item, 1) + struct.pack("<I", 7)
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + body
+
+
+def _damage_gguf(path: Path, blob: bytes, how: str, rng: random.Random) -> bool:
+    if how in ("inflate", "record", "zip"):
+        path.write_bytes(_gguf_numbers_changed(path, blob, rng))
+    elif how == "nest":
+        path.write_bytes(_gguf_nested_array(rng.choice((2, 17, 5000, 100_000)), rng.choice((4, 8, 13, 99))))
+    else:
+        return False
+    return True
+
+
 def _damage(path: Path, rng: random.Random) -> None:
     blob = path.read_bytes()
     how = rng.choice(("truncate", "flip", "flip", "inflate", "nest", "zip", "record"))
+    if path.suffix == ".gguf" and _damage_gguf(path, blob, how, rng):
+        return
     if how == "zip" and blob[:2] == b"PK":
         path.write_bytes(_zip_flags(blob, rng))
         return
@@ -215,7 +285,7 @@ def _damage(path: Path, rng: random.Random) -> None:
 
 def _record_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in ("", ".distcp", ".pt", ".pth",
-                                                                             ".safetensors", ".metadata"))
+                                                                             ".safetensors", ".metadata", ".gguf"))
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +304,7 @@ def test_no_damaged_record_reaches_an_internal_error(kind: str, pristine: dict[s
                                                      tmp_path: Path) -> None:
     source, location = pristine[kind]
     rng = random.Random(f"record-fuzz-{kind}")
-    for case in range(25 if kind == "model_parallel" else 50):
+    for case in range({"model_parallel": 25, "gguf": 200}.get(kind, 50)):
         work = tmp_path / str(case)
         shutil.copytree(source, work)
         target = rng.choice(_record_files(work))

@@ -617,7 +617,7 @@ def test_torch_vocab_file_errors(tmp_path: Path) -> None:
 def test_json_vocab_file_errors(tmp_path: Path) -> None:
     path = tmp_path / "vocab.json"
     path.write_text("[0, 0,")
-    with pytest.raises(CheckpointFormatError, match=r"^vocab file '.*' is not valid JSON \("):
+    with pytest.raises(CheckpointFormatError, match=r"^vocab file '.*': its text is not valid JSON \("):
         load_vocab_file(path, name="k2", encoding="offset")
 
     path.write_text('{"t2d": [true]}')

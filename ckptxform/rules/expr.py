@@ -41,6 +41,9 @@ _TOKEN = re.compile(r"\s*(?:(?P<float>[0-9]+(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE]
 _SHAPE = re.compile(r"^shape\.(?P<key>.+)\[(?P<dim>[0-9]+)\]$")
 _MAX_DIGITS = 19  # integers of a rule file stay within 64 bits
 _MAX_BITS = 64
+#: parentheses, signs, powers, calls and chained operators nested deeper than this are
+#: refused (evaluation recurses once per level; no rule needs more than a few)
+MAX_DEPTH = 100
 
 REFERENCE_FORMS = ("${config.PATH}, ${shape.KEY[I]}, ${vocab.NAME.draft_size}, ${vocab.NAME.vocab_size}, "
                    "${source.NAME.repo}, ${source.NAME.config.PATH} or ${output.dtype}")
@@ -165,18 +168,49 @@ def parse_expression(value: str) -> Expression:
     if has_default:
         try:
             default = json.loads(default_text)
+        except RecursionError:
+            raise _too_deep(value, len(body) + 4) from None
         except ValueError:
             fallback = _fallback(default_text, value, len(body) + 4)
     return Expression(value, _parse_body(body, value), default, bool(has_default), fallback)
 
 
+def _too_deep(value: str, col: int) -> ExpressionError:
+    return ExpressionError(f"{_cut(value)} is nested too deep (more than {MAX_DEPTH} levels of parentheses, "
+                           "signs, powers, calls or chained operators); split it into config fields", col)
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit - 3] + "...")
+
+
+def _depth(root: Node) -> int:
+    """The depth of an expression tree, counted without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, (Neg, Call)):
+            stack.append((node.operand, depth + 1))
+        elif isinstance(node, BinOp):
+            stack += [(node.left, depth + 1), (node.right, depth + 1)]
+        elif isinstance(node, ListCall):
+            stack += [(arg, depth + 1) for arg in node.args]
+    return deepest
+
+
 def _parse_body(body: str, value: str, start: int = 0) -> Node:
     tokens = _tokenize(body)
     parser = _Parser(tokens, body)
-    root = parser.expr()
+    try:
+        root = parser.expr()
+    except _TooDeep as deep:
+        raise _too_deep(value, start + deep.col) from None
     if parser.pos < len(tokens):
         kind, text, col = tokens[parser.pos]
         raise ExpressionError(f"unexpected {text!r} in {value!r}", start + col)
+    if _depth(root) > MAX_DEPTH:
+        raise _too_deep(value, start)
     return root
 
 
@@ -206,9 +240,24 @@ def _tokenize(body: str) -> list[tuple[str, str, int]]:
     return tokens
 
 
+class _TooDeep(Exception):
+    def __init__(self, col: int) -> None:
+        self.col = col
+
+
 class _Parser:
     def __init__(self, tokens: list[tuple[str, str, int]], body: str) -> None:
-        self.tokens, self.body, self.pos = tokens, body, 0
+        self.tokens, self.body, self.pos, self.depth = tokens, body, 0, 0
+
+    def _nested(self, parse: Callable[[], Node], col: int) -> Node:
+        """``parse()`` one level deeper; refused past MAX_DEPTH before Python's stack is."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _TooDeep(col)
+        try:
+            return parse()
+        finally:
+            self.depth -= 1
 
     def _peek(self) -> tuple[str, str, int] | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
@@ -230,7 +279,7 @@ class _Parser:
         tok = self._peek()
         if tok is not None and tok[1] == "-":
             self.pos += 1
-            return Neg(self.unary())
+            return Neg(self._nested(self.unary, tok[2]))
         return self.power()
 
     def power(self) -> Node:
@@ -238,7 +287,7 @@ class _Parser:
         tok = self._peek()
         if tok is not None and tok[1] == "**":
             self.pos += 1
-            return BinOp("**", base, self.unary())
+            return BinOp("**", base, self._nested(self.unary, tok[2]))
         return base
 
     def atom(self) -> Node:
@@ -271,10 +320,10 @@ class _Parser:
 
     def _list_call(self, name: str, col: int) -> Node:
         self.pos += 1  # the '('
-        args = [self.expr()]
+        args = [self._nested(self.expr, col)]
         while (tok := self._peek()) is not None and tok[1] == ",":
             self.pos += 1
-            args.append(self.expr())
+            args.append(self._nested(self.expr, col))
         close = self._peek()
         if close is None or close[1] != ")":
             raise ExpressionError(f"{name}( at column {col + 1} of '${{{self.body}}}' is never closed", col)
@@ -286,7 +335,7 @@ class _Parser:
 
     def _closed(self, col: int) -> Node:
         """The expression after the '(' at ``col``, and its ')'."""
-        node = self.expr()
+        node = self._nested(self.expr, col)
         close = self._peek()
         if close is None or close[1] != ")":
             raise ExpressionError(f"'(' at column {col + 1} of '${{{self.body}}}' is never closed", col)
@@ -349,7 +398,17 @@ def _operand(value: Any, name: str, text: str) -> int | float | list[int | float
     if not _is_number(value):
         kind = "a list of numbers" if isinstance(value, list) else "a number"
         raise ExpressionError(f"{text}: {name} is {value!r}, not {kind}")
-    return value  # type: ignore[no-any-return]
+    return _bounded(value, f"{name} is", text)
+
+
+def _bounded(value: int | float, what: str, text: str) -> int | float:
+    """Integers stay within 64 bits (as literals and ``**`` do): a longer one is refused
+    before it grows further or meets a float (OverflowError)."""
+    if isinstance(value, int) and value.bit_length() > _MAX_BITS:
+        digits = len(str(abs(value))) if value.bit_length() < 60_000 else f"~{int(value.bit_length() * 0.30103)}"
+        raise ExpressionError(f"{_cut(text)}: {what} a {digits}-digit integer: number too large "
+                              f"(more than {_MAX_BITS} bits)")
+    return value
 
 
 def _lists(op: str, left: Any, right: Any, text: str) -> Any:
@@ -365,12 +424,11 @@ def _lists(op: str, left: Any, right: Any, text: str) -> Any:
 
 
 def _binary(op: str, left: int | float, right: int | float, text: str) -> int | float:
-    if op == "+":
-        return _finite(left + right, text)
-    if op == "-":
-        return _finite(left - right, text)
-    if op == "*":
-        return _finite(left * right, text)
+    if op in ("+", "-", "*"):
+        if isinstance(left, int) and isinstance(right, int):
+            result = left + right if op == "+" else left - right if op == "-" else left * right
+            return _bounded(result, f"{_cut(str(left), 24)[1:-1]} {op} {_cut(str(right), 24)[1:-1]} is", text)
+        return _finite(left + right if op == "+" else left - right if op == "-" else left * right, text)
     if op == "**":
         return _power(left, right, text)
     if isinstance(left, float) or isinstance(right, float):

@@ -34,30 +34,46 @@ class Node:
         return f"{self.where(*sub, key=key)}: {format_path(self.path + sub)}:"
 
 
+#: the longest extends chain read (a variant of a variant of a shipped rule is three)
+MAX_EXTENDS = 32
+
+
 def read_chain(path: Path, label: str, seen: tuple[tuple[Path, str], ...]) -> list[YamlDocument]:
-    """The documents of the extends chain, base first. ``seen``: (resolved, label) of the children."""
-    resolved = path.resolve()
-    doc = read_yaml(path, label)
-    base = doc.data.get("extends") if isinstance(doc.data, dict) else None
-    if not isinstance(base, str) or not base:
-        return [doc]
+    """The documents of the extends chain, base first. ``seen``: (resolved, label) of the children.
+    Read in a loop, not recursively, and refused past MAX_EXTENDS files."""
+    docs: list[YamlDocument] = []
+    chain = list(seen)
+    while True:
+        doc = read_yaml(path, label)
+        docs.append(doc)
+        base = doc.data.get("extends") if isinstance(doc.data, dict) else None
+        if not isinstance(base, str) or not base:
+            return docs[::-1]
+        where = doc.where(("extends",))
+        chain.append((path.resolve(), label))
+        if len(chain) >= MAX_EXTENDS:
+            raise RuleError([f"{where}: extends: {base!r}: the extends chain is longer than {MAX_EXTENDS} files "
+                             f"(from {plain(chain[0][1])}); fold some of its files into one"], path=label)
+        path, label = _base_path(base, label, where, chain)
+
+
+def _base_path(base: str, label: str, where: Where, chain: list[tuple[Path, str]]) -> tuple[Path, str]:
+    """The file ``extends: base`` in ``label`` names: beside it, else a shipped rule."""
     base_label = os.path.normpath(os.path.join(os.path.dirname(label), base))
     if not Path(base_label).is_file():  # a file beside this one wins over the library
         shipped = shipped_rule_path(base)
         base_label = str(shipped) if shipped is not None else base_label
-    where = doc.where(("extends",))
     if (kind := special_kind(base_label)) is not None:  # worded as for the top-level rule path
         raise RuleError([f"{where}: extends: {base!r} is {kind}, not a regular file ({plain(base_label)}); "
                          "give the path of a YAML file"], path=label)
     if not Path(base_label).is_file():
         raise RuleError([f"{where}: extends: {base!r} not found (looked for {plain(base_label)})"], path=label)
-    chain = (*seen, (resolved, label))
     # Reported at the extends that closes the loop, with the loop spelled out.
     if Path(base_label).resolve() in [p for p, _ in chain]:
         cycle = " -> ".join([lbl for _, lbl in chain] + [base_label])
         raise RuleError([f"{where}: extends: {base!r} makes a cycle ({cycle}); remove one of the extends"],
                         path=label)
-    return read_chain(Path(base_label), base_label, chain) + [doc]
+    return Path(base_label), base_label
 
 
 class Merged:

@@ -12,14 +12,15 @@ torch 2.x); anything else is refused by name.
 
 from __future__ import annotations
 
+import os
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from ckptxform.errors import CheckpointFormatError, quote
-from ckptxform.fileio import open_regular, read_small_file
+from ckptxform.errors import CheckpointFormatError, FileTooLargeError, quote
+from ckptxform.fileio import open_regular
 from ckptxform.sources.restricted_pickle import Named, Record, load_restricted
 
 METADATA = ".metadata"
@@ -140,8 +141,14 @@ def read_dcp_metadata(root: Path) -> DcpIndex:
     path = root / METADATA
     label = str(path)
     _check_pickle_start(path)
-    blob = read_small_file(path, MAX_METADATA_BYTES, what=_WHAT)
-    meta = load_restricted(blob, ALLOWED, label=label, what=_WHAT)
+    with open_regular(path) as f:
+        # streamed: a file past its pickle's first bytes (a sparse gigabyte behind a pickle's
+        # start) fails at its first bad opcode, never read whole nor copied
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_METADATA_BYTES:
+            raise FileTooLargeError(f"{quote(label)}: more than {MAX_METADATA_BYTES:,} bytes, too large for {_WHAT}; "
+                                    "check that it is the right file", path=label, limit=MAX_METADATA_BYTES)
+        meta = load_restricted(f, ALLOWED, label=label, what=_WHAT)
     if not isinstance(meta, _Metadata) or not isinstance(meta.get("state_dict_metadata"), dict):
         raise CheckpointFormatError(f"{label}: holds a {type(meta).__name__}, not torch's DCP Metadata; give the "
                                     "directory dcp.save wrote", path=label)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ckptxform.errors import CheckpointFormatError, CkptxformError, SourceNotFoundError
 from ckptxform.sources.base import TensorInfo
+from ckptxform.sources.gguf_header import GgufLayout, HeaderPastEnd, walk_gguf_header
 from ckptxform.sources.local import LocalCheckpoint, _unreadable
 from ckptxform.sources.pins import FilePin, pin_path
 
@@ -106,22 +107,26 @@ def read_gguf_header(path: Path, file: str, *, label: str | None = None,
     label = label or str(path)
     size = path.stat().st_size
     try:
-        reader = GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError) as exc:  # gguf-py's words for a bad file
+        layout = _walk_header(path, size, label, size if prefix is None else prefix)
+    except HeaderPastEnd:
         if prefix is not None and prefix < size:
-            return None  # parsed into the zeros past the prefix
+            return None  # the header goes on past the bytes fetched so far
+        raise
+    if prefix is not None and layout.data_offset > prefix and prefix < size:
+        return None
+    try:  # the walk bounds every count; what is left is gguf-py's own checks
+        reader = GGUFReader(path)
+        fields: dict[str, Any] = {}
+        for key, field in reader.fields.items():
+            if key.startswith("GGUF."):  # the reader's own header fields (version, counts)
+                continue
+            value = field.contents()
+            if field.types and field.types[0] == GGUFValueType.ARRAY and not isinstance(value, list):
+                value = [value]
+            fields[key] = value
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:  # gguf-py's words for a bad file
         raise CheckpointFormatError(f"{label}: not a readable GGUF file ({exc}); re-download it",
                                     path=label) from None
-    if prefix is not None and reader.data_offset > prefix and prefix < size:
-        return None
-    fields: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):  # the reader's own header fields (version, counts)
-            continue
-        value = field.contents()
-        if field.types and field.types[0] == GGUFValueType.ARRAY and not isinstance(value, list):
-            value = [value]
-        fields[key] = value
     infos = []
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
@@ -143,6 +148,19 @@ def read_gguf_header(path: Path, file: str, *, label: str | None = None,
         infos.append(GgufTensor(info, kind, logical))
     infos.sort(key=lambda t: t.info.offset)
     return fields, infos
+
+
+def _walk_header(path: Path, size: int, label: str, readable: int) -> GgufLayout:
+    """The bounded walk over ``path``'s header (its first ``readable`` bytes are real)."""
+    import mmap
+
+    from gguf import GGML_QUANT_SIZES
+
+    blocks = {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()}
+    if size == 0:
+        raise CheckpointFormatError(f"{label}: not a readable GGUF file (it is empty); re-download it", path=label)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        return walk_gguf_header(lambda start, stop: view[start:min(stop, readable)], size, label, blocks)
 
 
 def read_gguf_prefix(read: Callable[[int, int], bytes], size: int, file: str, label: str,

@@ -7,13 +7,13 @@ alone (no weight file is opened): what ``ckptxform inspect`` says first.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ckptxform.errors import SourceNotFoundError
 from ckptxform.fileio import read_small_file
+from ckptxform.sources.strict_json import parse_json_object
 
 LABELS = {
     "safetensors": "safetensors",
@@ -91,8 +91,13 @@ def megatron_iteration(path: Path) -> Path:
 
 
 def _backend(path: Path) -> str | None:
+    """The ``sharded_backend`` Megatron's metadata.json names; a damaged one is refused (read
+    as plain DCP it would lose the checkpoint's common.pt)."""
     try:
-        data = json.loads(read_small_file(path, 1 << 20, what="a metadata.json"))
-    except (OSError, ValueError):
+        blob = read_small_file(path, 1 << 20, what="a metadata.json")
+    except OSError:
         return None
-    return data.get("sharded_backend") if isinstance(data, dict) else None
+    data = parse_json_object(blob, str(path), what="Megatron's metadata.json",
+                             fix="it names the backend that saved the checkpoint ({\"sharded_backend\": "
+                                 "\"torch_dist\"}); re-copy it from the checkpoint")
+    return data.get("sharded_backend")

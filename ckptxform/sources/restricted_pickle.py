@@ -12,15 +12,15 @@ from __future__ import annotations
 import io
 import pickle
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any
 
 from ckptxform.errors import CheckpointFormatError, quote
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, blob: bytes, allowed: Mapping[tuple[str, str], Any],
+    def __init__(self, blob: bytes | IO[bytes], allowed: Mapping[tuple[str, str], Any],
                  persistent: Callable[[Any], Any] | None, refuse: Callable[[str], CheckpointFormatError]) -> None:
-        super().__init__(io.BytesIO(blob))
+        super().__init__(io.BytesIO(blob) if isinstance(blob, bytes) else blob)
         self._allowed, self._persistent, self._refuse = allowed, persistent, refuse
 
     def find_class(self, module: str, name: str) -> Any:
@@ -35,10 +35,12 @@ class _Unpickler(pickle.Unpickler):
         return self._persistent(pid)
 
 
-def load_restricted(blob: bytes, allowed: Mapping[tuple[str, str], Any], *, label: str, what: str,
+def load_restricted(blob: bytes | IO[bytes], allowed: Mapping[tuple[str, str], Any], *, label: str, what: str,
                     persistent: Callable[[Any], Any] | None = None) -> Any:
-    """The object pickled in ``blob``, built from ``allowed``'s stand-ins only. ``label``
-    (a path) and ``what`` (e.g. "a DCP .metadata file") word the errors."""
+    """The object pickled in ``blob`` (bytes, or a file read as far as the pickle goes: a
+    damaged one is refused at its first bad opcode, not after the file is read whole),
+    built from ``allowed``'s stand-ins only. ``label`` (a path) and ``what`` (e.g. "a DCP
+    .metadata file") word the errors."""
 
     def refuse(name: str) -> CheckpointFormatError:
         return CheckpointFormatError(

@@ -13,11 +13,30 @@ from typing import Any
 
 from ckptxform.errors import CheckpointFormatError
 
+#: JSON integers longer than this are refused (2**128 has 39 digits)
+MAX_INT_DIGITS = 40
+
 
 def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[str, Any]:
-    """``blob`` as one JSON object, read strictly: UTF-8, no key twice in any object (json
+    """``blob`` as one JSON object, read strictly (``parse_json``): every problem is a
+    CheckpointFormatError naming ``label`` and ending in ``fix``."""
+    value = parse_json(blob, label, what=what, fix=fix)
+    if not isinstance(value, dict):
+        raise CheckpointFormatError(
+            f"{label}: {what} must be a JSON object, got {json_type(value)}; {fix}",
+            path=label,
+        )
+    for key in value:
+        check_unicode(key, label, f"{what} key")
+    return value
+
+
+def parse_json(blob: bytes, label: str, *, what: str, fix: str) -> Any:
+    """``blob`` as one JSON value, read strictly: UTF-8, no key twice in any object (json
     keeps the last silently), no NaN/Infinity nor a number beyond a float (not JSON, or read
-    as infinity; written back they make invalid JSON). Every problem is a CheckpointFormatError naming ``label`` and ending in ``fix``."""
+    as infinity; written back they make invalid JSON), no integer of more than MAX_INT_DIGITS digits, nesting
+    no deeper than the parser's stack. Every problem is a CheckpointFormatError naming
+    ``label`` and ending in ``fix``."""
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -52,9 +71,22 @@ def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[s
             )
         return value
 
+    def bounded_int(number: str) -> int:
+        # no reader of these files reads an integer of this size, and Python's int() of a long
+        # one costs quadratic time (past 4,300 digits it refuses it); beyond 64 bits, each
+        # reader says what its field allows
+        digits = len(number.lstrip("-"))
+        if digits > MAX_INT_DIGITS:
+            raise CheckpointFormatError(
+                f"{label}: {what} holds the {digits}-digit integer {_cut(number, 24)}: number too large "
+                f"(more than {MAX_INT_DIGITS} digits); {fix}",
+                path=label,
+            )
+        return int(number)
+
     try:
-        value = json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant,
-                           parse_float=finite_float)
+        return json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant,
+                          parse_float=finite_float, parse_int=bounded_int)
     except CheckpointFormatError:
         raise
     except json.JSONDecodeError as exc:
@@ -64,21 +96,12 @@ def parse_json_object(blob: bytes, label: str, *, what: str, fix: str) -> dict[s
             path=label,
         ) from None
     except (ValueError, RecursionError) as exc:
-        # ValueError: an integer of more digits than Python parses, or NaN/Infinity;
-        # RecursionError: nesting deeper than the parser's stack.
+        # ValueError: NaN/Infinity; RecursionError: nesting deeper than the parser's stack.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else _cut(str(exc))
         raise CheckpointFormatError(
             f"{label}: {what} is not valid JSON ({reason}); {fix}",
             path=label,
         ) from None
-    if not isinstance(value, dict):
-        raise CheckpointFormatError(
-            f"{label}: {what} must be a JSON object, got {json_type(value)}; {fix}",
-            path=label,
-        )
-    for key in value:
-        check_unicode(key, label, f"{what} key")
-    return value
 
 
 def _refuse_constant(name: str) -> Any:

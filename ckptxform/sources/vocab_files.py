@@ -20,7 +20,6 @@ or JSON vocab file stays torch-free.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from ckptxform.errors import (
 )
 from ckptxform.fileio import refuse_non_regular
 from ckptxform.sources.safetensors_header import read_header
+from ckptxform.sources.strict_json import parse_json
 from ckptxform.vocab.maps import Encoding, VocabMap, vocab_map_from_bytes
 
 __all__ = ["load_vocab_file"]
@@ -191,14 +191,8 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
 
 
 def _load_json(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointFormatError(
-            f"vocab file {quote(str(path))} is not valid JSON ({err}); fix: give a list of ints or "
-            '{"d2t": [...], "t2d": [...]}',
-            path=str(path),
-        ) from None
+    data = parse_json(path.read_bytes(), f"vocab file {quote(str(path))}", what="its text",
+                      fix='fix: give a list of ints or {"d2t": [...], "t2d": [...]}')
     d2t, t2d = (data, None) if isinstance(data, list) else (None, None)
     if isinstance(data, dict):
         d2t, t2d = data.get("d2t"), data.get("t2d")

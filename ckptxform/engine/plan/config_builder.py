@@ -11,6 +11,7 @@ differs between the tools that read the source and the output: write it explicit
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,7 +70,23 @@ def build_config(rules: RuleSet, ckpts: Mapping[str, Checkpoint], vocab: Mapping
         _delete(out, path)
     if rules.output.dtype is not None:
         _say_dtype(out, rules.output.dtype)
+    _refuse_non_finite(out, spec.where.short, rules.output.config_file)
     return out
+
+
+def _refuse_non_finite(config: dict[str, Any], where: str, name: str) -> None:
+    """A NaN or infinity (a source's metadata, a pickled argument) is refused here, at plan
+    time naming its field: json.dumps would fail at commit, after the weights are written."""
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PlanError(f"config ({where}): the written {name} would hold {value} at {path!r}, which JSON "
+                            "cannot hold; fix it in the source, or set the field in the rule's config section")
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _subtree(found: dict[str, Any], spec: Any, config_file: str) -> dict[str, Any]:

@@ -132,7 +132,8 @@ def _one(check: str, value: Any, expected: Any, refs: References, head: str, sub
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    # an int of any size is a number (math.isfinite would convert it to a float and overflow)
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
 def _same(a: Any, b: Any) -> bool:

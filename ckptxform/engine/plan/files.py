@@ -4,7 +4,10 @@ into the output with their sha256, and ``verify`` checks them again).
 
 The plan lists files (a Hub source lists its repo tree: no file is fetched); ``apply``
 fetches and copies only the files the plan copies. Weight files, their index and
-``config.json`` are never candidates: tensors and the ``config`` section make those.
+``config.json`` are never candidates: tensors and the ``config`` section make those. Nor
+is a file that defines what a directory is (a DCP ``.metadata``, Megatron's
+``metadata.json``, ``common.pt`` and ``latest_checkpointed_iteration.txt``, a PEFT
+``adapter_config.json``): a glob passes over them, and naming one is refused with the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import PlanError, quote_keys
-from ...filenames import AUDIT_FILE
+from ...filenames import AUDIT_FILE, defining_file_reason
 from ...fileio import refuse_non_regular
 from ...rules.file_rules import FileRule, path_problem
 from ...rules.model import RuleSet
@@ -23,7 +26,7 @@ from ...sources.base import Checkpoint
 from ...sources.local import LocalCheckpoint
 
 CONFIG = "config.json"
-_WEIGHT_INDEX = re.compile(r".*\.(safetensors|bin)\.index\.json")
+_GLOB_SIGNS = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,22 @@ class FilesPlan:
 def _candidates(ckpt: Checkpoint) -> list[str]:
     weights = set(ckpt.files)
     return [f for f in ckpt.list_files()
-            if f not in weights and f not in (CONFIG, AUDIT_FILE) and not _WEIGHT_INDEX.fullmatch(f)]
+            if f not in weights and f not in (CONFIG, AUDIT_FILE) and defining_file_reason(f) is None]
 
 
 def _reserved(name: str, config_file: str) -> bool:
     """Names the output's own files take: weights, their index, its config, the audit."""
-    return name.endswith(".safetensors") or name in (CONFIG, config_file, AUDIT_FILE) \
-        or _WEIGHT_INDEX.fullmatch(name) is not None
+    return name.endswith(".safetensors") or name in (CONFIG, config_file, AUDIT_FILE)
+
+
+def _refuse_defining(rule: FileRule, checkpoints: Mapping[str, Checkpoint]) -> None:
+    """An entry naming a file that defines what a directory is (no glob sign in it) is refused,
+    rather than said to match nothing: a glob only passes over such files."""
+    reason = defining_file_reason(rule.glob)
+    if rule.skip is None and not rule.carried and reason is not None and not _GLOB_SIGNS.search(rule.glob):
+        raise PlanError(f"{rule.label}: {rule.glob!r} of source {rule.source!r} "
+                        f"({checkpoints[rule.source].location}) is never copied: it is {reason}; remove the entry",
+                        source=rule.source)
 
 
 def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPlan:
@@ -106,6 +118,7 @@ def plan_files(rules: RuleSet, checkpoints: Mapping[str, Checkpoint]) -> FilesPl
         if copy.target not in copies:
             _add_copy(copies, copy, rule, rules.output.config_file)
     for rule in file_rules:
+        _refuse_defining(rule, checkpoints)
         # an entry shadowed by earlier ones (a child's, under extends) is not an error
         if not rule.optional and rule.skip is None and not any(map(rule.matches, listed[rule.source])):
             ckpt = checkpoints[rule.source]
@@ -133,6 +146,9 @@ def _add_copy(copies: dict[str, FileCopy], copy: FileCopy, rule: FileRule, confi
                         source=copy.source)
     # the output's own files are at its top: a copy may not take their name, nor make it a folder
     top = copy.target.split("/", 1)[0]
+    if (reason := defining_file_reason(copy.target)) is not None:
+        raise PlanError(f"{rule.label}: would copy {copy.source}:{copy.path!r} to {copy.target!r}, which is {reason}; "
+                        "rename it to another name", source=copy.source)
     if _reserved(top, config_file):
         under = "" if top == copy.target else f", under {top!r}"
         raise PlanError(f"{rule.label}: would copy {copy.source}:{copy.path!r} to {copy.target!r}{under}, a name "

@@ -234,6 +234,7 @@ class _Chain:
             bound = dict(binding)
             member = bound.pop(var)
             groups.setdefault(tuple(sorted(bound.items())), []).append((member, value))
+        orders: list[tuple[Binding, list[str]]] = []
         for rest, values in sorted(groups.items()):
             ctx = _StepContext(self, step, label, rest, lambda v, rest=rest: self.member_key(dict(rest), var, v))
             group = [(m, self.view(value, step, ctx, m)) for m, value in values]
@@ -243,8 +244,10 @@ class _Chain:
                 order = [m for m in self.key.variables[var].values if m in present]
             else:
                 order = self._order(step, ctx, rest, var, present)
+                orders.append((rest, order))
             by_name = dict(group)
             out.append((rest, check_yield(op, op.reduce(step.args, ctx, [(m, by_name[m]) for m in order]))))
+        self._same_count(step, label, var, orders)
         if op.stands_for is not None:
             self.stands[var] = op.stands_for
         return out
@@ -266,6 +269,24 @@ class _Chain:
         ctx = _StepContext(self, step, label, rest, lambda m: self.member_key(dict(rest), var, m))
         return [(m, ctx.key(m), self.view(present[m], step, ctx, m))
                 for m in self._order(step, ctx, rest, var, set(present))]
+
+    def _same_count(self, step: Step, label: str, var: str, orders: list[tuple[Binding, list[str]]]) -> None:
+        """Every instance of the template (each layer) reduces as many members: a layer whose
+        count comes from its own header (its router's rows) and lacks an expert with it would
+        otherwise stack a shorter tensor than its neighbours."""
+        if len(orders) < 2:
+            return
+        short, less = min(orders, key=lambda o: len(o[1]))
+        full, more = max(orders, key=lambda o: len(o[1]))
+        if len(less) == len(more):
+            return
+        have = set(less)
+        first = next(m for m in more if m not in have)
+        name = self.member_key(dict(short), var, first)
+        raise PlanError(f"{label}: incomplete group: {name!r} is missing; {step.verb} over {{{var}}} takes "
+                        f"{len(more)} members for {self.member_key(dict(full), var, '*')!r} but {len(less)} for "
+                        f"{self.member_key(dict(short), var, '*')!r}; every instance of the template must have "
+                        "as many", key=name)
 
     def _order(self, step: Step, ctx: _StepContext, rest: Binding, var: str, present: set[str]) -> list[str]:
         """The members a complete group has, in order; a plan error names one that is missing.
