@@ -133,7 +133,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
     if rules.output.shards_like:
         names.add(rules.output.shards_like)
     names.update(config_sources(rules))
-    return [name for name in rules.sources if name in names]
+    return [name for name, spec in rules.sources.items() if name in names and not spec.unread]
 
 
 def _unfit(summary: str, location: str, err: UnmatchedRuleError) -> UnmatchedRuleError:
