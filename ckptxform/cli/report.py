@@ -273,9 +273,15 @@ def rule_demo_text(demo: RuleDemo, *, force: bool = False) -> str:
     width = max((len(n) for n in demo.sources), default=0)
     lines = [f"built stand-ins of the sources of {demo.rule_name} under {demo.root / 'sources'}:"]
     lines += [f"  {name:<{width}}  {loc}" for name, loc in demo.sources.items()]
-    lines += ["", "convert them, then check the output against its audit log:",
-              f"$ {demo.apply_command(force=force)}", f"$ ckptxform verify {shlex.quote(str(demo.converted))}",
-              f"the stand-ins and the output stay in {demo.root}; remove them with: rm -r {shlex.join(map(str, demo.made))}"]
+    verify = f"$ ckptxform verify {shlex.quote(str(demo.converted))}"
+    if demo.result is None:
+        lines += ["", "nothing was converted (add --run to convert them now); convert them, then check the "
+                  "output against its audit log:", f"$ {demo.apply_command(force=force)}", verify]
+    else:
+        lines += ["", f"$ {demo.apply_command(force=force)}", *apply_text(demo.result).splitlines(),
+                  "", "check the output against its audit log:", verify]
+    lines.append(f"the stand-ins and the output stay in {demo.root}; remove them with: "
+                 f"rm -r {shlex.join(map(str, demo.made))}")
     return _screen(lines)
 
 
