@@ -485,7 +485,7 @@ def demo(rule: str | None, out: str | None, force: bool, run_it: bool) -> None:
     from . import report
 
     if rule is None and run_it:
-        raise click.UsageError("--run goes with RULE: `ckptxform demo` alone always converts the headline stand-ins")
+        raise UsageError("--run goes with RULE: `ckptxform demo` alone always converts the headline stand-ins")
     if rule is not None:
         from .demo import build_rule_demo
 
