@@ -82,6 +82,7 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     lines.extend(not_carried_text(plan, verbose=verbose))
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
+    lines.extend(_output_files_text(plan))
     key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
     dtype_w = max([5, *(len(o.dtype) for o in plan.outputs)])  # F8_E4M3 is wider than BF16
     for out in plan.outputs:
@@ -92,6 +93,17 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return _screen(lines)
+
+
+def _output_files_text(plan: Plan) -> list[str]:
+    """The weight files apply writes, with their sizes (the first few of many)."""
+    files = plan.output_files
+    if not files:
+        return []
+    shown = ", ".join(f"{printable(name)} ({_human_bytes(size)})" for name, size in files[:_SHOWN])
+    more = f" and {len(files) - _SHOWN} more" if len(files) > _SHOWN else ""
+    index = " + its index" if len(files) > 1 else ""
+    return [f"  {len(files)} file{'s' if len(files) != 1 else ''}{index}: {shown}{more}"]
 
 
 def _unread_text(plan: Plan) -> list[str]:

@@ -64,6 +64,8 @@ class Plan:
     ties: tuple[tuple[str, str, str, str], ...] = ()
     #: source -> the local files planning read from it (headers, indexes, configs), as they stood
     pins: dict[str, tuple[FilePin, ...]] = field(default_factory=dict)
+    #: (file, bytes) of every weight file apply writes, in order (``api.plan`` lays them out)
+    output_files: tuple[tuple[str, int], ...] = ()
 
     def files_read(self) -> tuple[FilePin, ...]:
         """Every local file the plan read (weight files, indexes, configs, vocab files)."""
