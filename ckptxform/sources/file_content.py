@@ -58,8 +58,9 @@ def is_whole(key: str) -> bool:
 def whole_digest(path: str | Path) -> str:
     """The digest of every byte of the file at ``path`` (the audit's default algorithm,
     tagged with its name): what settles a large file whose pin moved but key did not."""
-    hasher = new_hasher(DEFAULT_DIGEST)
     with open(path, "rb") as f:
+        hasher = new_hasher(DEFAULT_DIGEST, f.seek(0, 2))  # a large file: BLAKE3 on every core
+        f.seek(0)
         while chunk := f.read(_CHUNK):
             hasher.update(chunk)
     return f"{DEFAULT_DIGEST}:{hasher.hexdigest()}"
