@@ -11,7 +11,7 @@ from typing import Any
 
 from .engine.plan.opened import OpenSources
 from .engine.plan.planner import Plan, build_plan, needed_sources
-from .engine.run.execute import ApplyResult, execute
+from .engine.run.execute import ApplyResult, execute, layout_of
 from .engine.run.options import RunOptions
 from .errors import PlanError
 from .log import logger
@@ -37,7 +37,9 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
     ``plan_open`` to keep them open for ``execute``).
     """
     the_plan, opened = plan_open(rules, sources=sources, require_pinned=require_pinned)
-    opened.close()
+    with opened:  # the files apply would write, laid out as it lays them out (headers only)
+        layout = layout_of(the_plan, opened)
+    the_plan.output_files = tuple((shard.file, shard.file_nbytes) for shard in layout.shards)
     return the_plan
 
 

@@ -186,3 +186,17 @@ def test_a_tensor_used_twice_is_recorded_once_with_both_uses(headline: HeadlineS
     [record] = [r for r in plan.records if (r.source, r.key) == ("verifier", "language_model.lm_head.weight")]
     assert (record.action, record.target) == ("copied", "verifier_lm_head.weight")
     assert "added as 'verifier_lm_head.weight'" in record.reason and "rows read for tokens" in record.reason
+
+
+def test_plan_shows_the_files_apply_writes_with_their_sizes(
+        headline: HeadlineStandins, rule_variant: Any, run_cli: Any, tmp_path: Path) -> None:
+    """Issue 35 item 8: the output files and their sizes, from headers, before a byte is written."""
+    rules = rule_variant({"  max_shard_size: 5GB": "  max_shard_size: 64KB"})
+    planned = api.plan(rules, sources=headline.sources)
+    out = api.apply(rules, out=tmp_path / "out", sources=headline.sources, progress=False).out
+    written = [(p.name, p.stat().st_size) for p in sorted(out.glob("*.safetensors"))]
+    assert len(written) > 1 and list(planned.output_files) == written
+    shown = run_cli("plan", rules, *source_args(headline.sources))
+    assert shown.returncode == 0, shown.stderr
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith(f"  {len(written)} files + its index: ")]
+    assert line.startswith(f"  {len(written)} files + its index: {written[0][0]} (")

@@ -164,7 +164,10 @@ def test_what_needs_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("rule", ["aqmedai_k2_to_k25", "compressed_int4_to_bf16", "fp8_to_bf16", "nvfp4_to_bf16"])
+@pytest.mark.parametrize("rule", ["aqmedai_k2_to_k25", "compressed_int4_to_bf16", "fp8_to_bf16", "nvfp4_to_bf16",
+                                  # DCP and torch_dist stand-ins torch writes, shipped prebuilt (issue 35 item 8)
+                                  "torchtitan_llama_to_hf", "torchtitan_0_2_llama_to_hf", "megatron_gpt_to_hf",
+                                  "megatron_moe_to_hf"])
 def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
     done = ckptxform("demo", rule, "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
@@ -175,6 +178,18 @@ def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
     converted = ckptxform(*args, "--out", str(tmp_path / "out"))
     assert converted.returncode == 0, converted.stderr
     assert ckptxform("verify", str(tmp_path / "out")).returncode == 0
+
+
+def test_the_demo_of_a_pickled_bin_rule_builds_without_torch_and_its_apply_names_the_extra(tmp_path: Path) -> None:
+    """The stand-in pytorch_model.bin is shipped prebuilt; reading a .bin still needs torch."""
+    done = ckptxform("demo", "eagle3_to_speculators", "--out", str(tmp_path / "demo"))
+    assert done.returncode == 0, done.stderr
+    drafter = tmp_path / "demo" / "sources" / "EAGLE3-LLaMA3.1-Instruct-8B"
+    assert (drafter / "pytorch_model.bin").is_file() and (drafter / "config.json").is_file()
+    converted = ckptxform("apply", "eagle3_to_speculators", f"--source=drafter={drafter}",
+                          "--out", str(tmp_path / "out"))
+    assert converted.returncode == 1 and "pip install 'ckptxform[torch]'" in converted.stderr
+    assert len(converted.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
 def test_a_dcp_checkpoint_converts_and_inspects_without_torch(tmp_path: Path) -> None:

@@ -150,7 +150,7 @@ def _rewrite_drafter(out: Path, sources: dict[str, str], tmp: Path) -> Path:
 
 def _drafter_reason(out: Path, sources: dict[str, str], tmp: Path) -> str:
     weights = (Path(sources["drafter"]) / "model.safetensors").resolve()
-    return f"was made from an earlier {str(weights)!r} (written to or replaced since)"
+    return f"was made from an earlier {str(weights)!r} (its bytes changed)"
 
 
 def _flip_output(out: Path, sources: dict[str, str], tmp: Path) -> Path:
@@ -169,11 +169,25 @@ def _flip_output_reason(out: Path, sources: dict[str, str], tmp: Path) -> str:
 
 CHANGES = {
     "rules with another shard size": Change(_other_rules, _other_rules_reason),
-    "source weight file touched": Change(_touch_drafter, _drafter_reason),
     "source weight file rewritten": Change(_rewrite_drafter, _drafter_reason),
     "output tensor changed": Change(_flip_output, _flip_output_reason),
 }
 # An OUT without an audit log is refused with --force too: tests/test_trust_output.py.
+
+
+def test_a_touched_source_weight_file_leaves_the_output_up_to_date(
+        headline: HeadlineStandins, headline_rule: Path, run_cli: Any, tmp_path: Path) -> None:
+    """A touch changes no byte: reruns are keyed on content (issue 35 item 6)."""
+    from ckptxform import api
+
+    sources = copy_drafter(headline, tmp_path / "drafter")
+    out = tmp_path / "out"
+    api.apply(headline_rule, out=out, sources=sources, progress=False)
+    rules = _touch_drafter(out, sources, tmp_path)
+    before = snapshot(out)
+    again = run_cli(*apply_args(rules, sources, out))
+    assert again.returncode == 0 and f"{out} is up to date" in again.stdout, again.stderr
+    assert snapshot(out) == before and beside(out) == []
 
 
 @pytest.mark.parametrize("name", CHANGES)

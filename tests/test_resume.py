@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,6 +140,31 @@ def test_a_rerun_keeps_the_shards_a_killed_run_finished_and_writes_the_rest(
         assert f"removed {path} left by a killed ckptxform run" in again.stderr
     assert files(out) == reference
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_touch_of_every_source_file_keeps_the_finished_shards(
+        rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
+    """Reruns are keyed on content (issue 35 item 6): a touch changes no byte."""
+    copies = {name: shutil.copytree(folder, tmp_path / "sources" / name) for name, folder in standins.sources.items()}
+    out = tmp_path / "out"
+
+    def argv(*extra: str) -> list[str]:  # of the copies: the module's stand-ins stay as the reference read them
+        return [sys.executable, "-m", "ckptxform", "apply", str(rules), *source_args(copies), "--out", str(out), *extra]
+
+    job, finished = interrupted(argv("--jobs", "1"), out, 4)
+    for folder in copies.values():
+        for path in folder.iterdir():
+            stat = path.stat()
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    again = run(argv("--json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["shards_kept"] == finished
+    assert f"resuming from {job}: kept {finished} of {SHARDS} shard(s)" in again.stderr
+    assert "discarding" not in again.stderr
+    # the tensors are the reference's (config.json names the verifier given, the audit its files)
+    weights = {k: v for k, v in files(out).items() if ".safetensors" in k}
+    assert len(weights) == SHARDS + 1 and weights == {k: v for k, v in reference.items() if ".safetensors" in k}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sources"]
 
 
 def test_the_text_report_says_how_many_shards_it_kept(rules: Path, standins: HeadlineStandins,

@@ -20,7 +20,9 @@ import pytest
 from conftest import REPO
 
 from ckptxform.cli.catalogue import readme_table, rule_cards
-from ckptxform.standins.for_rules import STANDINS
+from ckptxform.sources.dcp_metadata import read_dcp_metadata
+from ckptxform.standins.for_rules import STANDINS, TORCH_WRITTEN
+from ckptxform.standins.prebuilt import PREBUILT_DIR, write_prebuilt
 
 SHIPPED = sorted(p.stem for p in (REPO / "rules").glob("*.yaml"))
 
@@ -52,6 +54,41 @@ def test_demo_rule_prints_an_apply_that_runs_as_printed_and_verifies(stem: str, 
     checked = run_cli(*verify, cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.startswith(f"{tmp_path / 'd d' / 'converted'}: ") and "tensors verified" in checked.stdout
+
+
+def test_demo_rule_run_converts_the_stand_ins_and_without_it_says_nothing_was_converted(
+        run_cli: Any, tmp_path: Path) -> None:
+    shown = run_cli("demo", "untie_embeddings", "--out", tmp_path / "shown")
+    assert shown.returncode == 0, shown.stderr
+    assert "nothing was converted (add --run to convert them now)" in shown.stdout
+    assert not (tmp_path / "shown" / "converted").exists()
+    ran = run_cli("demo", "untie_embeddings", "--out", tmp_path / "ran", "--run")
+    assert ran.returncode == 0, ran.stderr
+    assert f"wrote {tmp_path / 'ran' / 'converted'}: " in ran.stdout and "nothing was converted" not in ran.stdout
+    [verify] = commands(ran.stdout)[1:]  # the apply it ran, then the check
+    checked = run_cli(*verify)
+    assert checked.returncode == 0 and "tensors verified" in checked.stdout, checked.stderr
+    assert run_cli("demo", "--run").returncode == 2  # the headline demo always converts
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="compares with what torch writes")
+@pytest.mark.parametrize("stem", sorted(TORCH_WRITTEN))
+def test_the_shipped_prebuilt_stand_ins_are_what_torch_writes(stem: str, tmp_path: Path) -> None:
+    """The light install copies these (no torch to write them): each file is byte for byte
+    what torch writes today, but DCP's .metadata, which holds the save's path and a random
+    id: what ckptxform reads of it (every tensor, chunk and offset) is the same."""
+    write_prebuilt(TORCH_WRITTEN[stem], tmp_path / stem)
+    shipped, fresh = _files(PREBUILT_DIR / stem), _files(tmp_path / stem)
+    assert sorted(shipped) == sorted(fresh), "regenerate: python -m ckptxform.standins.write_prebuilt"
+    for name, path in shipped.items():
+        if path.name == ".metadata":
+            assert read_dcp_metadata(path.parent).tensors == read_dcp_metadata(fresh[name].parent).tensors, name
+        else:
+            assert path.read_bytes() == fresh[name].read_bytes(), name
 
 
 def test_demo_rule_refuses_to_build_over_an_earlier_demo_unless_forced(run_cli: Any, tmp_path: Path) -> None:

@@ -214,7 +214,7 @@ def test_a_changed_vocab_file_makes_the_output_stale(
     write_vocab_file(vocab, Path(headline.drafter.path))  # another vocabulary, same path
     # the drafter's own vocabulary misses no row: the verifier's lm_head shard is not read now
     refused_as(run_cli, rules, headline.sources, out, f"{real(_lm_head_shard(headline))}, which this run does not read",
-               f"an earlier {real(vocab)} (written to or replaced since)",
+               f"an earlier {real(vocab)} (its bytes changed)",
                f"a different plan than {str(rules)!r} now decides")
     forced_then_up_to_date(run_cli, rules, headline.sources, out)
     assert not load_file(out / "model.safetensors")["d2t"].equal(d2t_before)
@@ -235,7 +235,7 @@ def test_a_changed_source_config_makes_the_output_stale(
     values["rms_norm_eps"] = values["rms_norm_eps"] * 10
     config.write_text(json.dumps(values))
 
-    refused_as(run_cli, headline_rule, sources, out, f"an earlier {real(config)} (written to or replaced since)",
+    refused_as(run_cli, headline_rule, sources, out, f"an earlier {real(config)} (its bytes changed)",
                f"a different plan than {str(headline_rule)!r} now decides")
     forced_then_up_to_date(run_cli, headline_rule, sources, out)
     written = json.loads((out / "config.json").read_text())

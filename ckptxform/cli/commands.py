@@ -475,16 +475,21 @@ def invert(rules: str, out: str | None, over: str | None) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Where to build the stand-ins and the output (default: a new temporary directory).")
 @click.option("--force", is_flag=True, help="Replace the stand-ins or the output of an earlier demo in --out.")
+@click.option("--run", "run_it", is_flag=True,
+              help="With RULE: also convert the stand-ins (without it, the command converting them is printed).")
 @reports_errors
-def demo(rule: str | None, out: str | None, force: bool) -> None:
+def demo(rule: str | None, out: str | None, force: bool, run_it: bool) -> None:
     """Offline: run the headline rule on small stand-ins of its three sources; with RULE (any
-    shipped rule), build stand-ins of its sources and print the command converting them."""
+    shipped rule), build stand-ins of its sources and print the command converting them
+    (--run: convert them too)."""
     from . import report
 
+    if rule is None and run_it:
+        raise UsageError("--run goes with RULE: `ckptxform demo` alone always converts the headline stand-ins")
     if rule is not None:
         from .demo import build_rule_demo
 
-        built = build_rule_demo(rule, out, force=force)
+        built = build_rule_demo(rule, out, force=force, run=run_it)
         click.echo(report.rule_demo_text(built, force=force))  # the commands are the point, even under -q
         return
     from .demo import run_demo

@@ -1,5 +1,6 @@
 """``ckptxform demo``: the headline conversion on small stand-ins, offline, in seconds;
-``ckptxform demo RULE``: stand-ins of any shipped rule's sources and the command converting them.
+``ckptxform demo RULE``: stand-ins of any shipped rule's sources and the command converting them
+(``--run``: converted, too).
 
 Builds stand-ins of the three headline sources (the Kimi-K2 drafter, a Kimi-K2.5 drafter
 for its vocabulary, the sharded Kimi-K2.5 verifier; real key names and layouts, small
@@ -13,7 +14,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import api
@@ -67,6 +68,8 @@ class RuleDemo:
     sources: dict[str, str]
     converted: Path
     made: tuple[Path, ...]
+    #: the conversion ``demo RULE --run`` ran (None: only the stand-ins were built)
+    result: ApplyResult | None = None
 
     def apply_command(self, *, force: bool = False) -> str:
         """The command converting the stand-ins, ready to paste (quoted for a POSIX shell)."""
@@ -75,9 +78,11 @@ class RuleDemo:
                 + (" --force" if force else ""))
 
 
-def build_rule_demo(rule: str, out: str | Path | None = None, *, force: bool = False) -> RuleDemo:
+def build_rule_demo(rule: str, out: str | Path | None = None, *, force: bool = False,
+                    run: bool = False) -> RuleDemo:
     """Stand-ins of the sources of the shipped rule ``rule`` (file stem or name) under
-    ``out/sources`` (default: a new temporary directory); nothing is converted."""
+    ``out/sources`` (default: a new temporary directory); converted into ``out/converted``
+    when ``run`` (``demo RULE --run``), else left for the command the demo prints."""
     from ..rules.library import shipped_rule_path
     from ..standins.for_rules import STANDINS
 
@@ -94,4 +99,8 @@ def build_rule_demo(rule: str, out: str | Path | None = None, *, force: bool = F
             raise OutputError(f"{str(sources)!r} already exists from an earlier demo; pass --force to "
                               "rebuild it or choose another --out", path=str(sources))
         shutil.rmtree(sources)
-    return RuleDemo(root, path.stem, standin.build(sources), root / "converted", made)
+    built = RuleDemo(root, path.stem, standin.build(sources), root / "converted", made)
+    if not run:
+        return built
+    result = api.apply(path, out=built.converted, sources=built.sources, force=force, progress=False)
+    return replace(built, result=result)

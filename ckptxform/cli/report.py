@@ -82,6 +82,7 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     lines.extend(not_carried_text(plan, verbose=verbose))
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
+    lines.extend(_output_files_text(plan))
     key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
     dtype_w = max([5, *(len(o.dtype) for o in plan.outputs)])  # F8_E4M3 is wider than BF16
     for out in plan.outputs:
@@ -92,6 +93,17 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     for warning in plan.warnings:
         lines.append(f"warning: {warning}")
     return _screen(lines)
+
+
+def _output_files_text(plan: Plan) -> list[str]:
+    """The weight files apply writes, with their sizes (the first few of many)."""
+    files = plan.output_files
+    if not files:
+        return []
+    shown = ", ".join(f"{printable(name)} ({_human_bytes(size)})" for name, size in files[:_SHOWN])
+    more = f" and {len(files) - _SHOWN} more" if len(files) > _SHOWN else ""
+    index = " + its index" if len(files) > 1 else ""
+    return [f"  {len(files)} file{'s' if len(files) != 1 else ''}{index}: {shown}{more}"]
 
 
 def _unread_text(plan: Plan) -> list[str]:
@@ -273,9 +285,15 @@ def rule_demo_text(demo: RuleDemo, *, force: bool = False) -> str:
     width = max((len(n) for n in demo.sources), default=0)
     lines = [f"built stand-ins of the sources of {demo.rule_name} under {demo.root / 'sources'}:"]
     lines += [f"  {name:<{width}}  {loc}" for name, loc in demo.sources.items()]
-    lines += ["", "convert them, then check the output against its audit log:",
-              f"$ {demo.apply_command(force=force)}", f"$ ckptxform verify {shlex.quote(str(demo.converted))}",
-              f"the stand-ins and the output stay in {demo.root}; remove them with: rm -r {shlex.join(map(str, demo.made))}"]
+    verify = f"$ ckptxform verify {shlex.quote(str(demo.converted))}"
+    if demo.result is None:
+        lines += ["", "nothing was converted (add --run to convert them now); convert them, then check the "
+                  "output against its audit log:", f"$ {demo.apply_command(force=force)}", verify]
+    else:
+        lines += ["", f"$ {demo.apply_command(force=force)}", *apply_text(demo.result).splitlines(),
+                  "", "check the output against its audit log:", verify]
+    lines.append(f"the stand-ins and the output stay in {demo.root}; remove them with: "
+                 f"rm -r {shlex.join(map(str, demo.made))}")
     return _screen(lines)
 
 

@@ -117,7 +117,8 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
             path = os.path.normpath(os.path.join(os.path.dirname(node.doc.file), path))
         sources[name] = SourceSpec(name=name, where=node.where(), repo=v.get("repo"),
                                    revision=v.get("revision"), path=path, fetch=v.get("fetch", "auto"),
-                                   config_file=v.get("config", "config.json"), example=v.get("example"))
+                                   config_file=v.get("config", "config.json"), example=v.get("example"),
+                                   open=v.get("open", "when_needed"))
     vocab = {}
     for name, node in m.named["vocab"].items():
         v = node.value

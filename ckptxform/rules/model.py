@@ -32,6 +32,13 @@ class SourceSpec:
     override: str | None = None
     #: no default location (an inverse's source): what a run without ``--source`` asks for
     example: str | None = None
+    #: ``when_given``: read only when ``--source`` names it (a verifier the output only names)
+    open: Literal["when_needed", "when_given"] = "when_needed"
+
+    @property
+    def unread(self) -> bool:
+        """Not opened by this run: read only when given, and not given."""
+        return self.open == "when_given" and self.override is None
 
     @property
     def location(self) -> str:

@@ -43,6 +43,7 @@ from ckptxform.standins.mla import KIMI_K25_MLA_TINY, build_mla_drafter
 from ckptxform.standins.deepseek import KIMI_K2_TEXT
 from ckptxform.standins.quantized import DEEPSEEK_V3_61_TINY, build_kimi_k2
 from ckptxform.standins.scaled import build_scaled_llama
+from ckptxform.standins.prebuilt import prebuilt_or
 from ckptxform.standins.spm_llama import build_spm_llama
 from ckptxform.standins.verifiers import build_kimi_k25_verifier
 from ckptxform.standins.vlm import build_llava
@@ -73,6 +74,17 @@ def _headline(root: Path) -> dict[str, str]:
 
 def _native_llama_drafter(root: Path) -> dict[str, str]:
     return {"drafter": str(build_llama_eagle3(root / "EAGLE3-LLaMA3.1-Instruct-8B").path)}
+
+
+#: the stand-ins torch writes (DCP, torch_dist, a pickled .bin): shipped prebuilt for the
+#: light install (ckptxform/standins/prebuilt.py)
+TORCH_WRITTEN: dict[str, Builder] = {
+    "eagle3_to_speculators": _native_llama_drafter,
+    "torchtitan_llama_to_hf": lambda root: build_torchtitan_llama(root / "torchtitan-llama3", training_state=True),
+    "torchtitan_0_2_llama_to_hf": lambda root: build_torchtitan_llama(root / "torchtitan-0.2-llama3", layout="0.2"),
+    "megatron_gpt_to_hf": lambda root: build_megatron_gpt(root / "megatron-llama"),
+    "megatron_moe_to_hf": lambda root: build_megatron_gpt(root / "megatron-mixtral", moe=True),
+}
 
 
 def _speculators_llama_drafter(root: Path) -> dict[str, str]:
@@ -247,7 +259,7 @@ STANDINS: dict[str, RuleStandin] = {
         "moonshotai/Kimi-K2.5, moonshotai/Kimi-K2-Thinking",
         "compressed-tensors' own dequantizer, bit for bit"),
     "eagle3_to_speculators": RuleStandin(
-        _native_llama_drafter, "native EAGLE-3 drafter (midlayer.*)", "speculators layout (layers.0.*)",
+        prebuilt_or("eagle3_to_speculators", TORCH_WRITTEN["eagle3_to_speculators"]), "native EAGLE-3 drafter (midlayer.*)", "speculators layout (layers.0.*)",
         "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, EAGLE / SpecForge / SGLang drafters",
         "speculators 0.9 loads it (tests/test_consumers.py); native -> speculators -> native is byte-identical"),
     "fp8_block_to_bf16": RuleStandin(
@@ -423,24 +435,24 @@ STANDINS: dict[str, RuleStandin] = {
         "deepseek-ai/DeepSeek-V3, DeepSeek-R1 (FP8 kept)",
         "the keys, bytes and config SGLang's export_deepseek_nextn.py writes"),
     "torchtitan_llama_to_hf": RuleStandin(
-        lambda root: build_torchtitan_llama(root / "torchtitan-llama3", training_state=True),
+        prebuilt_or("torchtitan_llama_to_hf", TORCH_WRITTEN["torchtitan_llama_to_hf"]),
         "torchtitan 0.3 Llama-3 DCP checkpoint (+ hf_assets)", "HF LlamaForCausalLM",
         "torchtitan Llama-3 training runs (FSDP/TP, any rank count), meta-llama/Llama-3.1-8B assets",
         "torchtitan's Llama3StateDictAdapter.to_hf on what dcp.load reads, bit for bit, on real 2-rank FSDP2 "
         "saves; transformers loads it with torchtitan's logits"),
     "torchtitan_0_2_llama_to_hf": RuleStandin(
-        lambda root: build_torchtitan_llama(root / "torchtitan-0.2-llama3", layout="0.2"),
+        prebuilt_or("torchtitan_0_2_llama_to_hf", TORCH_WRITTEN["torchtitan_0_2_llama_to_hf"]),
         "torchtitan 0.2 Llama-3 DCP checkpoint (+ hf_assets)", "HF LlamaForCausalLM",
         "torchtitan <= 0.2 Llama-3 training runs",
         "torchtitan 0.3's to_hf on the same tensors under 0.3's names, bit for bit"),
     "megatron_gpt_to_hf": RuleStandin(
-        lambda root: build_megatron_gpt(root / "megatron-llama"),
+        prebuilt_or("megatron_gpt_to_hf", TORCH_WRITTEN["megatron_gpt_to_hf"]),
         "Megatron-Core torch_dist GPT (Llama-style) + its saved args", "HF LlamaForCausalLM",
         "Megatron-LM / NeMo Llama-style GPT training runs (any TP/PP; dense)",
         "Megatron-Bridge's stream_weights_megatron_to_hf (LlamaBridge) on the same TP=2 model, bit for bit; "
         "transformers loads it with megatron-core's own TP=2 logits"),
     "megatron_moe_to_hf": RuleStandin(
-        lambda root: build_megatron_gpt(root / "megatron-mixtral", moe=True),
+        prebuilt_or("megatron_moe_to_hf", TORCH_WRITTEN["megatron_moe_to_hf"]),
         "Megatron-Core torch_dist GPT with MoE layers (Mixtral-style) + its saved args", "HF MixtralForCausalLM",
         "Megatron-LM / NeMo Mixtral-style MoE training runs (any TP/PP; softmax top-k router, no shared expert)",
         "Megatron-Bridge's stream_weights_megatron_to_hf (Qwen3MoEBridge's expert and router mappings) on the "

@@ -8,11 +8,16 @@ same inputs. The digest covers, each as the audit's run record keeps it:
   set's name),
   without the positions in the rule file: a comment or a blank line moves every rule's
   line number but decides nothing, while anything a rule asks for changes the plan;
-- ``files_read``: every local file the plan read (weight files, shard indexes, configs,
-  vocab files), pinned by ``ckptxform.sources.pins``;
+- ``contents``: every local file the plan read (weight files, shard indexes, configs,
+  vocab files) by its content key (``ckptxform.sources.file_content``: all its bytes when
+  small, its size and header when large); ``files_read`` keeps the pins
+  (``ckptxform.sources.pins``), which the digest covers for large files only: a ``touch``
+  changes no digest, and a large file's moved pin is settled by its whole digest
+  (``file_digests``, recorded by the run that read it);
 - the commit of every Hub source (``sources`` in the run record) and ckptxform's version.
 
-``digest`` is one sha256 over all of them; ``changes`` says in words which part moved, and
+``digest`` is one sha256 over all of them; ``changes`` says in words which part moved (and
+which file), and
 ``other_origin`` whether the output came from another rule or other sources altogether.
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 
 from ..._version import __version__
 from ...errors import quote
+from ...sources.file_content import content_key, is_whole, whole_digest
 from ...where import Where
 from ..plan.planner import Plan
 
@@ -42,10 +48,17 @@ class RunDigest:
     #: source name -> commit (None for local sources)
     commits: dict[str, str | None]
     version: str
+    #: resolved path -> content key (``ckptxform.sources.file_content``)
+    contents: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def record_fields(self) -> dict[str, Any]:
         """What the audit's run record adds for this digest."""
-        return {"digest": self.sha256, "plan_sha256": self.plan_sha256, "files_read": self.files_read}
+        return {"digest": self.sha256, "plan_sha256": self.plan_sha256, "files_read": self.files_read,
+                "contents": self.contents}
+
+    def large_files(self) -> list[str]:
+        """The files keyed by size and header only (their pins count too)."""
+        return [path for path, key in self.contents.items() if not is_whole(key)]
 
 
 def run_digest(plan: Plan) -> RunDigest:
@@ -58,9 +71,29 @@ def run_digest(plan: Plan) -> RunDigest:
                "records": plan.records, "config": plan.config, "files": plan.files}
     plan_sha256 = _sha256_by_item(decided)
     files_read = {pin.path: pin.stamp for pin in plan.files_read()}
+    contents = {path: _content_key(path) for path in files_read}
     commits = {name: record.commit for name, record in sorted(plan.sources.items())}
-    whole = {"version": __version__, "plan": plan_sha256, "files_read": files_read, "commits": commits}
-    return RunDigest(_sha256(whole), plan_sha256, files_read, commits, __version__)
+    return RunDigest(_whole_sha256(plan_sha256, files_read, contents, commits), plan_sha256, files_read,
+                     commits, __version__, contents)
+
+
+def _whole_sha256(plan_sha256: str, files_read: dict[str, str], contents: dict[str, str],
+                  commits: dict[str, str | None]) -> str:
+    files = {path: key if is_whole(key) else f"{key} {files_read[path]}" for path, key in contents.items()}
+    return _sha256({"version": __version__, "plan": plan_sha256, "contents": files, "commits": commits})
+
+
+def _content_key(path: str) -> str:
+    try:
+        return content_key(path)
+    except OSError as err:  # gone since it was read: the pin check before the commit says so
+        return f"unreadable: {err.strerror or err}"
+
+
+def file_digests(digest: RunDigest) -> dict[str, str]:
+    """The whole digest of every large file ``digest`` keys by size and header, for the
+    run record: what a rerun compares when such a file's pin moved but its key did not."""
+    return {path: whole_digest(path) for path in digest.large_files()}
 
 
 def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
@@ -83,17 +116,70 @@ def changes(now: RunDigest, run: dict[str, Any], rules_path: str) -> list[str]:
         then = before.get(name)
         if isinstance(then, dict) and then.get("commit") != commit:
             found.append(f"source {quote(name)} at commit {quote(then.get('commit'))}, now {commit}")
-    then_files: dict[str, Any] = run["files_read"]
-    for path in sorted(set(then_files) | set(now.files_read)):
-        if path not in now.files_read:
-            found.append(f"{quote(path)}, which this run does not read")
-        elif path not in then_files:
-            found.append(f"inputs without {quote(path)}, which this run reads")
-        elif then_files[path] != now.files_read[path]:
-            found.append(f"an earlier {quote(path)} (written to or replaced since)")
+    then_contents = run.get("contents")
+    keyed = isinstance(then_contents, dict) and bool(now.contents)
+    # an audit from before content keys has only its pins to compare
+    found += _changed_files(then_contents if keyed else run["files_read"], run, now, keyed=keyed)
     if run.get("plan_sha256") != now.plan_sha256:
         found.append(f"a different plan than {quote(rules_path)} now decides")
+    if not found and keyed:
+        return []  # only pins moved, of files whose bytes are the same: not a change
     return found or [f"inputs of another digest ({quote(run['digest'][:12])}..., now {now.sha256[:12]}...)"]
+
+
+def _changed_files(then: dict[str, Any], run: dict[str, Any], now: RunDigest, *, keyed: bool) -> list[str]:
+    """The files read then or now whose content differs, each named with how; ``then``
+    holds content keys (``keyed``) or, from an older audit, pins."""
+    found = []
+    current = now.contents if keyed else now.files_read
+    for path in sorted(set(then) | set(current)):
+        if path not in current:
+            found.append(f"{quote(path)}, which this run does not read")
+        elif path not in then:
+            found.append(f"inputs without {quote(path)}, which this run reads")
+        elif not keyed:
+            if then[path] != current[path]:
+                found.append(f"an earlier {quote(path)} (written to or replaced since)")
+        elif then[path] != current[path]:
+            found.append(f"an earlier {quote(path)} ({_how_changed(then[path], current[path])})")
+        elif (doubt := _in_doubt(path, then[path], run, now)) is not None:
+            found.append(f"an earlier {quote(path)} ({doubt})")
+    return found
+
+
+def _in_doubt(path: str, key: str, run: dict[str, Any], now: RunDigest) -> str | None:
+    """How a large file whose key is unchanged differs (None: it does not): when its pin
+    moved, by the whole digest the earlier run recorded."""
+    pins = run.get("files_read") if isinstance(run.get("files_read"), dict) else {}
+    if is_whole(key) or pins.get(path) == now.files_read.get(path):
+        return None
+    digests = run.get("file_digests") if isinstance(run.get("file_digests"), dict) else {}
+    recorded = digests.get(path)
+    if recorded is None:
+        return ("written to since; its size and header are the same, and the run that read it recorded no "
+                "digest of its bytes to compare")
+    return None if _whole_digest(path) == recorded else "its bytes changed; its size and header are the same"
+
+
+def _how_changed(then: str, now: str) -> str:
+    size_then, size_now = _size(then), _size(now)
+    if size_then is not None and size_now is not None and size_then != size_now:
+        return f"its size went from {size_then:,} to {size_now:,} bytes"
+    if size_then is not None and size_now is not None:
+        return "its header changed: a key, dtype, shape or offset"
+    return "its bytes changed"
+
+
+def _size(key: str) -> int | None:
+    head = key.split(" ", 1)[0]
+    return int(head[5:]) if head.startswith("size=") and head[5:].isdigit() else None
+
+
+def _whole_digest(path: str) -> str | None:
+    try:
+        return whole_digest(path)
+    except OSError:
+        return None
 
 
 def other_origin(run: dict[str, Any], plan: Plan) -> list[str]:

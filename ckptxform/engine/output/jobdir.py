@@ -94,7 +94,11 @@ def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[s
     shape = hashlib.sha256()
     for shard in layout.shards:
         shape.update(f"{shard.file}\0{len(shard.header)}\0".encode() + shard.header)
-    return {**run.record_fields(), "version": run.version,
+    fields = run.record_fields()
+    # the pins of small files are left out: a touch changes no byte and must not orphan the job
+    large = set(run.large_files())
+    fields["files_read"] = {path: stamp for path, stamp in run.files_read.items() if path in large}
+    return {**fields, "version": run.version,
             "sources": {name: {"commit": commit} for name, commit in sorted(run.commits.items())},
             "layout_sha256": shape.hexdigest(), "algorithm": algorithm}
 
@@ -104,7 +108,8 @@ def _difference(then: dict[str, Any], now: dict[str, Any], rules_path: str) -> s
     if then.get("algorithm") != now["algorithm"]:
         return f"its digests are {then.get('algorithm')!r}, this run asks for {now['algorithm']!r}"
     current = RunDigest(now["digest"], now["plan_sha256"], now["files_read"],
-                        {name: source["commit"] for name, source in now["sources"].items()}, now["version"])
+                        {name: source["commit"] for name, source in now["sources"].items()}, now["version"],
+                        now.get("contents", {}))
     found = changes(current, then, rules_path)
     if found:
         return "it was made from " + "; ".join(found)

@@ -64,6 +64,8 @@ class Plan:
     ties: tuple[tuple[str, str, str, str], ...] = ()
     #: source -> the local files planning read from it (headers, indexes, configs), as they stood
     pins: dict[str, tuple[FilePin, ...]] = field(default_factory=dict)
+    #: (file, bytes) of every weight file apply writes, in order (``api.plan`` lays them out)
+    output_files: tuple[tuple[str, int], ...] = ()
 
     def files_read(self) -> tuple[FilePin, ...]:
         """Every local file the plan read (weight files, indexes, configs, vocab files)."""
@@ -133,7 +135,7 @@ def needed_sources(rules: RuleSet) -> list[str]:
     if rules.output.shards_like:
         names.add(rules.output.shards_like)
     names.update(config_sources(rules))
-    return [name for name in rules.sources if name in names]
+    return [name for name, spec in rules.sources.items() if name in names and not spec.unread]
 
 
 def _unfit(summary: str, location: str, err: UnmatchedRuleError) -> UnmatchedRuleError:

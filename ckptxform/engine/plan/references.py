@@ -147,7 +147,11 @@ class References:
 
     def _source_config(self, name: str, path: str, where: str, text: str) -> Any:
         """A field of source ``name``'s config file (the planner opened the source)."""
-        spec, ckpt = self.rules.sources[name], self.ckpts[name]
+        spec = self.rules.sources[name]
+        if spec.unread:
+            raise _AbsentField(f"{where}: {text}: source {name!r} is read only when given; pass --source "
+                               f"{name}=LOCATION, or write a default after ' ?? '", source=name)
+        ckpt = self.ckpts[name]
         found = ckpt.config(spec.config_file)
         if not path and found is not None:  # ${source.NAME.config}: all of it
             return copy.deepcopy(found)
@@ -162,10 +166,13 @@ class References:
     def _source(self, name: str, attr: str) -> Any:
         spec = self.rules.sources[name]
         if attr == "repo":
-            # A Hub override names the repo actually read; a local override (a mirror,
-            # a stand-in) keeps the rule file's repo, which is what consumers resolve.
-            hub = hub_location(spec.override) if spec.override is not None else None
-            return hub[0] if hub is not None else (spec.repo or spec.location)
+            # What the user gave: a Hub override's repo id, a local override's path as given
+            # (a consumer offline resolves that, not the rule's default repo); its commit is
+            # in the audit's sources.
+            if spec.override is not None:
+                hub = hub_location(spec.override)
+                return hub[0] if hub is not None else spec.override
+            return spec.repo or spec.location
         if attr == "revision":
             ckpt = self.ckpts.get(name)
             return (ckpt.commit if ckpt else None) or spec.revision

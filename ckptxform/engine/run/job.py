@@ -21,7 +21,7 @@ from ...sources.pins import check_unchanged
 from ...tensor_digest import NO_DIGEST
 from ..output.audit import AUDIT_FILE, AuditLog, run_event
 from ..output.copied_files import CopiedFile, copy_files
-from ..output.digest import RunDigest
+from ..output.digest import RunDigest, file_digests
 from ..output.jobdir import JobDir, ShardRecord
 from ..output.outdir import OutputDir
 from ..plan.layout import OutputLayout, TensorPlacement
@@ -185,7 +185,10 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     audit = _Audit(odir)
     try:
         copied = tuple(copy_files(plan.files, sources.checkpoints, odir.tmp_path))
-        audit.event(run_event(plan, started, digest))
+        run = run_event(plan, started, digest)
+        if algorithm != NO_DIGEST:  # what settles a large input whose pin moved (engine/output/digest.py)
+            run["file_digests"] = file_digests(digest)
+        audit.event(run)
         for tensor_record in plan.records:
             audit.event(tensor_record.to_event())
         for event in _fetch_events(layout, records):
