@@ -84,6 +84,9 @@ def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str
     by default, log messages included (enable them with ``logger.enable("ckptxform")``).
     ``require_pinned`` refuses a Hub source whose revision is a branch or tag.
     ``result.out`` and ``result.audit_path`` are absolute.
+    ``hash_inputs=True`` also hashes every input over 64 MiB whole at the end, so that a
+    rerun can tell such a file, touched or copied without its times, from one rewritten
+    with other values in the same layout (without it such a rerun writes OUT again).
     ``digest`` is the hash the audit records for every written tensor: ``"blake3"``
     (default, ~5x faster), ``"sha256"``, or ``"none"`` (no byte read back: the audit holds
     byte ranges, ``verify`` checks structure and sizes only).

@@ -4,7 +4,8 @@ unchanged conversion is up to date and an interrupted job keeps its shards
 
 Small files are keyed by the hash of all their bytes. A large file (the threshold is
 lowered here so that stand-ins count as large) is keyed by its size and header, and when
-its pin moved with that key unchanged, by the whole digest the earlier run recorded.
+its pin moved with that key unchanged, by the whole digest the earlier run recorded when
+asked to (``--hash-inputs``: one more read of every large input, so not by default).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def model(tmp_path: Path) -> Path:
     return Path(STANDINS[RULE].build(tmp_path / "sources")["model"])
 
 
-def apply(model: Path, out: Path) -> api.ApplyResult:
-    return api.apply(RULE, out=out, sources={"model": str(model)}, progress=False)
+def apply(model: Path, out: Path, **options: bool) -> api.ApplyResult:
+    return api.apply(RULE, out=out, sources={"model": str(model)}, progress=False, **options)
 
 
 def touch(folder: Path) -> None:
@@ -84,7 +85,7 @@ def large(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_touched_large_file_is_settled_by_the_digest_the_run_recorded(
         large: None, model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    apply(model, out)
+    apply(model, out, hash_inputs=True)
     run = read_audit(out)[0]
     weights = str((model / "model.safetensors").resolve())
     assert re.fullmatch(r"size=\d+ head-sha256=[0-9a-f]{64}", run["contents"][weights])
@@ -96,7 +97,7 @@ def test_a_touched_large_file_is_settled_by_the_digest_the_run_recorded(
 def test_a_large_file_with_new_values_in_the_same_layout_is_a_change(large: None, model: Path,
                                                                       tmp_path: Path) -> None:
     out = tmp_path / "out"
-    apply(model, out)
+    apply(model, out, hash_inputs=True)
     weights = model / "model.safetensors"
     flip_last_byte(weights)  # a tensor's value: size and header stay
     assert refusal(model, out) == (f"{str(out)!r} already exists and was made from an earlier "
@@ -118,3 +119,17 @@ def test_a_large_file_with_another_header_says_so(large: None, model: Path, tmp_
     assert refusal(model, out) == (f"{str(out)!r} already exists and was made from an earlier "
                                    f"{str(weights.resolve())!r} (its header changed: a key, dtype, shape or offset); "
                                    "pass --force to replace it")
+
+
+def test_without_hash_inputs_a_touched_large_file_is_not_read_again_and_the_rerun_says_why(
+        large: None, model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    apply(model, out)
+    assert "file_digests" not in read_audit(out)[0]  # no whole read of a large input by default
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    assert refusal(model, out) == (f"{str(out)!r} already exists and was made from an earlier "
+                                   f"{str(weights.resolve())!r} (written to since; its size and header are the "
+                                   "same, and the run that read it recorded no digest of its bytes to compare "
+                                   "(apply --hash-inputs records one)); pass --force to replace it")

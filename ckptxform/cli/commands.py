@@ -271,6 +271,9 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
               help="Hash the audit log records for every written tensor; 'none' hashes nothing (no byte is "
                    "read back: a clone on XFS/btrfs moves no data) and verify then checks only structure "
                    "and sizes.")
+@click.option("--hash-inputs", is_flag=True,
+              help="Also hash every input file over 64 MiB whole (one more read of each), so that a rerun "
+                   "after a touch or a copy without -p of such a file still finds OUT up to date.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Output shards written at once, each in a worker process (default: the cores, bounded "
                    "by memory and by the shards).")
@@ -287,15 +290,15 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @reports_errors
 def apply(rules: str, sources: tuple[str, ...], require_pinned: bool, out: str, force: bool, no_fsync: bool,
-          digest: str, jobs: int | None, no_resume: bool, executor: str, ray_address: str | None,
-          shard_of: str | None, strict: bool, as_json: bool) -> None:
+          digest: str, hash_inputs: bool, jobs: int | None, no_resume: bool, executor: str,
+          ray_address: str | None, shard_of: str | None, strict: bool, as_json: bool) -> None:
     """Convert: write OUT (safetensors, config.json) and OUT/ckptxform_audit.jsonl."""
     from .. import api
 
     options = RunOptions(force=force, fsync=not no_fsync, require_pinned=require_pinned,
                          progress=False if _quiet() else None, digest=digest, jobs=jobs, resume=not no_resume,
                          executor=executor, ray_address=ray_address, shard_of=_parse_shard_of(shard_of),
-                         strict=strict)
+                         strict=strict, hash_inputs=hash_inputs)
     result = _naming_fitting_rules(lambda: api.apply(rules, out=out, sources=_parse_overrides(sources),
                                                      options=options))
     _print_result(result, as_json)

@@ -157,7 +157,7 @@ def _in_doubt(path: str, key: str, run: dict[str, Any], now: RunDigest) -> str |
     recorded = digests.get(path)
     if recorded is None:
         return ("written to since; its size and header are the same, and the run that read it recorded no "
-                "digest of its bytes to compare")
+                "digest of its bytes to compare (apply --hash-inputs records one)")
     return None if _whole_digest(path) == recorded else "its bytes changed; its size and header are the same"
 
 

@@ -62,7 +62,8 @@ def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, o
                 records = job.open(layout, resume=options.resume)
                 tasks = _tasks(plan, sources, layout, job, records, range(len(layout.shards)))
                 jobs = _run(plan, sources, layout, tasks, records, options)
-            written, copied, final = _commit(plan, sources, digest, layout, odir, job, records, started, jobs)
+            written, copied, final = _commit(plan, sources, digest, layout, odir, job, records, started, jobs,
+                                             hash_inputs=options.hash_inputs)
         except BaseException as err:
             if not options.finalize:  # finalize never loses the ranks' shards
                 _keep_or_remove(job, err)
@@ -167,7 +168,7 @@ def _keep_or_remove(job: JobDir, err: BaseException) -> None:
 
 def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
             records: dict[str, ShardRecord], started: Any,
-            jobs: dict[str, Any] | None) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
+            jobs: dict[str, Any] | None, *, hash_inputs: bool) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
     files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
     algorithm = job.identity["algorithm"]
@@ -186,7 +187,7 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     try:
         copied = tuple(copy_files(plan.files, sources.checkpoints, odir.tmp_path))
         run = run_event(plan, started, digest)
-        if algorithm != NO_DIGEST:  # what settles a large input whose pin moved (engine/output/digest.py)
+        if hash_inputs:  # what settles a large input whose pin moved (engine/output/digest.py)
             run["file_digests"] = file_digests(digest)
         audit.event(run)
         for tensor_record in plan.records:

@@ -29,6 +29,9 @@ class RunOptions:
     finalize: bool = False
     #: the plan's first warning is an error (``--strict``)
     strict: bool = False
+    #: hash every large input whole at the end (one more read of each): what lets a later
+    #: rerun tell a touched large file from one with new values in the same layout
+    hash_inputs: bool = False
 
     def __post_init__(self) -> None:
         check_digest(self.digest)
