@@ -297,7 +297,11 @@ class JobDir:
 
     def _write_atomic(self, path: Path, obj: Any, indent: int | None = 1) -> None:
         part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
-        part.write_text(json.dumps(obj, indent=indent) + "\n", encoding="utf-8")
+        with part.open("w", encoding="utf-8") as file:
+            # a piece at a time: json.dumps with an indent joins a list of every piece, ~700
+            # bytes a tensor of a shard's record held at once (the peak of a many-tensor run)
+            json.dump(obj, file, indent=indent)
+            file.write("\n")
         if self.fsync:
             _fsync(part)
         os.replace(part, path)

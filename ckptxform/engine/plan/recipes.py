@@ -77,6 +77,9 @@ class TensorRef:
 class Recipe(ABC):
     """How one output tensor's bytes are made."""
 
+    # no state here: a recipe with slots (one a tensor: CopyTensor) then has no __dict__
+    __slots__ = ()
+
     @property
     @abstractmethod
     def inputs(self) -> tuple[TensorRef, ...]:
@@ -135,6 +138,8 @@ ProgramInput = TensorRef | Block
 
 class ByteRecipe(Recipe):
     """An output that is byte runs of its inputs: streamed, or copied by the kernel."""
+
+    __slots__ = ()
 
     @abstractmethod
     def runs(self, plan: Sources) -> tuple[Run, ...]:
@@ -247,7 +252,7 @@ class _SmallRuns(ByteRecipe):
         return self._whole.origin()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class CopyTensor(ByteRecipe):
     """The bytes of ``source``'s tensor ``key``, unchanged (a keep or a rename)."""
 

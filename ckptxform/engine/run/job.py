@@ -172,11 +172,12 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
     files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
     algorithm = job.identity["algorithm"]
-    digests = {key: hexdigest for record in records.values() for key, hexdigest in record.digests}
-    moved = {key: how for record in records.values()
-             for (key, _), how in zip(record.digests, record.moved, strict=True)}
-    written = tuple(sorted((_written(o, layout.placement(o.key), digests[o.key], algorithm, moved[o.key])
+    # one table, not one per field: a tensor's entry is held through the commit
+    made = {key: (hexdigest, how) for record in records.values()
+            for (key, hexdigest), how in zip(record.digests, record.moved, strict=True)}
+    written = tuple(sorted((_written(o, layout.placement(o.key), *made[o.key], algorithm)
                             for o in plan.outputs), key=lambda w: w.key))
+    del made
     job.link_into(odir.tmp_path, [s.file for s in layout.shards])
     write_index(odir, layout)
     config_sha256 = None
@@ -218,8 +219,8 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     return written, copied, odir.commit()
 
 
-def _written(output: OutputPlan, place: TensorPlacement, digest: str, algorithm: str,
-             moved: tuple[int, int]) -> WrittenTensor:
+def _written(output: OutputPlan, place: TensorPlacement, digest: str, moved: tuple[int, int],
+             algorithm: str) -> WrittenTensor:
     span = (place.offset, place.offset + place.nbytes) if algorithm == NO_DIGEST else None
     cloned, copied = moved
     return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(), algorithm, span,

@@ -11,7 +11,7 @@ from ..output.copied_files import CopiedFile
 from ..plan.planner import Plan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class WrittenTensor:
     key: str
     file: str

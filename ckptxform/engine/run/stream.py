@@ -37,26 +37,31 @@ def write_outputs(outputs: list[OutputPlan], plan: Sources, writer: ShardWriter,
     """Produce the bytes of ``outputs`` into ``writer``: kernel copies (I/O) on this
     thread, gathers, casts and block ops (Python) on another, so that on two cores they overlap."""
     _prefetch(plan, outputs)
-    ordered = [(o, local_pieces(o, plan)) for o in _execution_order(outputs, plan)]
-    copies = [(o, local) for o, local in ordered if local is not None]
-    streamed = [o for o, local in ordered if local is None]
+    # which outputs are kernel copies, without keeping their pieces' generators: made
+    # again when each is written (held for every tensor of a shard, they were ~450 bytes a
+    # tensor, the peak of a run of many small tensors)
+    copies, streamed = [], []
+    for o in _execution_order(outputs, plan):
+        (streamed if local_pieces(o, plan) is None else copies).append(o)
     stop = threading.Event()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptxform-stream") as pool:
         background = pool.submit(_write_streamed, streamed, plan, writer, progress, stop)
         try:
-            _write_copies(copies, writer, progress, stop)
+            _write_copies(copies, plan, writer, progress, stop)
             background.result()
         except BaseException:
             stop.set()  # the other thread stops at its next chunk; the pool waits for it
             raise
 
 
-def _write_copies(outputs: list[tuple[OutputPlan, Iterator[Piece]]], writer: ShardWriter,
+def _write_copies(outputs: list[OutputPlan], plan: Sources, writer: ShardWriter,
                   progress: Callable[[int], None] | None, stop: threading.Event) -> None:
     """Byte runs of local files: in the kernel, never through Python memory (short runs
     between them through a small buffer). Consecutive runs of one file go to the writer
     together, which copies them with one system call each and no more."""
-    for o, pieces in outputs:
+    for o in outputs:
+        pieces = local_pieces(o, plan)
+        assert pieces is not None  # it was a moment ago: made from headers only
         for path, group in groupby(pieces, key=lambda piece: piece[0] if isinstance(piece, tuple) else None):
             if stop.is_set():
                 return

@@ -132,10 +132,11 @@ class _TensorState:
         self.digest = ""
         #: the hash thread this tensor's bytes are hashed on (in order), once it has one
         self.lane: int | None = None
-        #: its hash jobs on that thread, in order
-        self.hashes: list[Future[None]] = []
-        #: the cloned ranges placed but not hashed yet
-        self.clones: list[Clone] = []
+        #: its hash jobs on that thread, in order, and the cloned ranges placed but not
+        #: hashed yet: a shared empty tuple until there is one (most small tensors never
+        #: have any; two empty lists were ~110 bytes a tensor of a shard)
+        self.hashes: Sequence[Future[None]] = ()
+        self.clones: Sequence[Clone] = ()
 
 
 class WriteTarget(Protocol):
@@ -345,7 +346,7 @@ class ShardWriter:
             raise OutputError(f"tensor {key!r} is not finished yet", key=key)
         if not state.digest and self._hashing:
             _wait_all(state.hashes)
-            state.digest, state.hasher, state.hashes = self._hasher(state).hexdigest(), None, []
+            state.digest, state.hasher, state.hashes = self._hasher(state).hexdigest(), None, ()
         return state.digest
 
     def moved(self, key: str) -> tuple[int, int]:
@@ -407,7 +408,8 @@ class ShardWriter:
                 cloned = sum(clone[3] for clone in clones)
                 state.cloned += cloned
                 state.copied += size - cloned
-            state.clones.extend(clones)
+            if clones:
+                state.clones = [*state.clones, *clones]
             if self._hashing and state.placed - state.hashed >= _HASH_WINDOW:
                 self._hash_placed(state)
         self._start_writeback(self._fds[state.placement.file], offset, size)
@@ -424,10 +426,13 @@ class ShardWriter:
             self._backlog[state.lane] += place.nbytes
         lane = state.lane
         self._hasher(state)
-        state.hashes.append(self._lanes[lane].submit(self._hash_range, lane, state, place.offset + state.hashed,
-                                                     size, state.clones))
+        job = self._lanes[lane].submit(self._hash_range, lane, state, place.offset + state.hashed, size,
+                                       list(state.clones))
+        if not state.hashes:
+            state.hashes = []
+        state.hashes.append(job)  # type: ignore[attr-defined]  # a list once it has a job
         state.hashed = state.placed
-        state.clones = []
+        state.clones = ()
 
     def _hash_range(self, lane: int, state: _TensorState, offset: int, length: int, clones: list[Clone]) -> None:
         """A hash job, on hash thread ``lane``: bytes ``offset:offset+length`` of output
