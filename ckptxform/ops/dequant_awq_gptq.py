@@ -18,7 +18,6 @@ from typing import Any
 
 from ..dtypes import DTYPE_SIZES
 from ..errors import CheckpointFormatError
-from ..quant.awq_gptq import dequant_awq_rows, dequant_gptq_rows
 from ..quant.awq_gptq_config import AwqConfig, GptqConfig
 from ..quant.pipeline import in_order
 from .base import Block, Context, InputTensor, Value, View
@@ -98,6 +97,8 @@ class DequantAwq(_QuantizedModule):
         word_row, scale_row = cols // 8 * 4, cols * DTYPE_SIZES[sdtype]
         first, stop = _aligned(rows, total, group)
 
+        from ..quant.awq_gptq import dequant_awq_rows  # numpy: not imported by a plan or a rename
+
         def tasks() -> Iterator[Callable[[], memoryview]]:
             for start in range(first, stop, step):
                 count = min(step, stop - start)
@@ -145,6 +146,8 @@ class DequantGptq(_QuantizedModule):
         step = 8 * max(1, chunk_bytes // max(1, 8 * cols * DTYPE_SIZES[out_dtype]))
         word_row, zero_row, scale_row = cols * 4, cols // 8 * 4, cols * DTYPE_SIZES[sdtype]
         first, stop = _aligned(rows, total, 8)
+
+        from ..quant.awq_gptq import dequant_gptq_rows  # numpy: not imported by a plan or a rename
 
         def tasks() -> Iterator[Callable[[], memoryview]]:
             for start in range(first, stop, step):

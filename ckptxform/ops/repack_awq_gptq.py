@@ -30,7 +30,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import CheckpointFormatError
-from ..quant.awq_gptq import awq_rows_packed_down, awq_zeros_natural, gptq_zeros_offset, nibbles
 from ..quant.awq_gptq_config import AwqConfig, GptqConfig
 from .base import Block, BlockOp, Context, InputTensor, NoInverse, Value, View
 from .dequant import _Dequant
@@ -157,6 +156,8 @@ class RepackAwq(_Repack):
                 ("weight_shape", shape), ("weight_zero_point", self._transposed(ctx, zeros))]
 
     def _piece(self, a: dict[str, Any], raw: bytes) -> memoryview:
+        from ..quant.awq_gptq import awq_rows_packed_down, awq_zeros_natural  # numpy: only when run
+
         if a["part"] == "codes":
             return awq_rows_packed_down(raw, a["cols"])
         return awq_zeros_natural(raw, a["cols"])
@@ -197,6 +198,8 @@ class RepackGptq(_Repack):
         return out
 
     def _piece(self, a: dict[str, Any], raw: bytes) -> memoryview:
+        from ..quant.awq_gptq import gptq_zeros_offset  # numpy: only when run
+
         packed, overflow = gptq_zeros_offset(raw, a["cols"])
         if overflow:
             raise _zero_16(a)
@@ -204,6 +207,8 @@ class RepackGptq(_Repack):
 
     def _check_whole(self, a: dict[str, Any], inputs: Sequence[InputTensor]) -> None:
         import numpy as np
+
+        from ..quant.awq_gptq import nibbles
 
         qzeros = inputs[0]
         codes = nibbles(np.frombuffer(qzeros.read(0, qzeros.view.nbytes), dtype="<u4"))
