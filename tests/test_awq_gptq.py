@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from ckptxform import api
 from ckptxform.engine.plan import recipes
-from ckptxform.quant.awq_gptq import AWQ_ORDER, dequant_awq_rows, dequant_gptq_rows
+from ckptxform.quant.awq_gptq import AWQ_ORDER, dequant_awq_columns, dequant_gptq_columns
 from ckptxform.standins.awq_gptq import build_awq_llama, build_gptq_llama
 from conftest import assert_clean_failure, error_lines, read_output, same_bits
 
@@ -70,18 +70,24 @@ def test_the_kernels_compute_each_format_as_defined(scale_dtype: str, out_dtype:
     s = (torch.from_numpy(rng.standard_normal((3, 24)).astype(np.float32)) * 0.03).to(TORCH[scale_dtype])
     s[0, 0] = -s[0, 0]  # a negative scale: -0.0 where q == z
     raw = s.view(torch.int16 if scale_dtype != "F32" else torch.int32).numpy().tobytes()
-    got = dequant_awq_rows(words.tobytes(), zeros.tobytes(), raw, first=0, cols=24, group=16,
-                           scale_dtype=scale_dtype, out_dtype=out_dtype)
-    want = _awq_by_definition(words, zeros, s, 16).to(TORCH[out_dtype])
+    got = dequant_awq_columns(words.tobytes(), zeros.tobytes(), raw, rows=48, cols=24, group=16,
+                              scale_dtype=scale_dtype, out_dtype=out_dtype)
+    want = _awq_by_definition(words, zeros, s, 16).to(TORCH[out_dtype]).T.contiguous()  # nn.Linear's [out, in]
     assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
     # GPTQ: 48 rows packed down in 6 words, 24 columns, rows in a desc_act order over 3 groups
     qw = rng.integers(0, 2**32, (6, 24), dtype=np.uint64).astype(np.uint32)
     qz = np.full((3, 3), 0xFFFFFFFF, dtype=np.uint32)  # every stored zero 15: the zero point 16
     qz[1] = rng.integers(0, 2**32, 3, dtype=np.uint64).astype(np.uint32)
     g_idx = rng.permutation(np.arange(48) // 16).astype(np.int32)
-    got = dequant_gptq_rows(qw.tobytes(), qz.tobytes(), raw, g_idx, first_group=0, cols=24,
-                            scale_dtype=scale_dtype, out_dtype=out_dtype)
-    want = _gptq_by_definition(qw, qz, s, g_idx).to(TORCH[out_dtype])
+    want = _gptq_by_definition(qw, qz, s, g_idx).to(TORCH[out_dtype]).T.contiguous()
+    got = dequant_gptq_columns(qw.tobytes(), qz.tobytes(), raw, g_idx.astype(np.int64), rows=48, cols=24,
+                               scale_dtype=scale_dtype, out_dtype=out_dtype)
+    assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
+    # rows in order, whole groups: a group's scale broadcast, not gathered; the same values
+    in_order = np.arange(48) // 16
+    got = dequant_gptq_columns(qw.tobytes(), qz.tobytes(), raw, 16, rows=48, cols=24, scale_dtype=scale_dtype,
+                               out_dtype=out_dtype)
+    want = _gptq_by_definition(qw, qz, s, in_order).to(TORCH[out_dtype]).T.contiguous()
     assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
 
 
