@@ -2,10 +2,9 @@
 their reference kernels do on the CPU, and repacking nibbles into compressed-tensors'
 ``pack-quantized`` layout without a float round trip. numpy (the light install runs it); the
 float part of the dequantization on torch where it is installed (quant/awq_gptq_torch.py).
-
-Both formats store the transpose of ``nn.Linear``'s weight, so the dequantization takes a band
-of the source's columns and writes the output's rows: the packed words are transposed (4 bytes
-for 8 codes), and a cache-sized sub-band of rows goes from codes to output in one pass.
+The dequantization takes a band of the source's columns and writes ``nn.Linear``'s rows: the
+packed words are transposed (4 bytes for 8 codes), then a cache-sized sub-band of rows goes
+from codes to output in one pass.
 
 Both store ``[in, out]`` (the transpose of ``nn.Linear.weight``), 4-bit codes in int32 words:
 
