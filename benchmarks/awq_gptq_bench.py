@@ -1,5 +1,6 @@
 """AutoAWQ and GPTQ dequantization benchmark: ``rules/awq_to_bf16.yaml`` and
-``rules/gptq_to_bf16.yaml`` (desc_act, asymmetric) at two sizes.
+``rules/gptq_to_bf16.yaml`` (desc_act, asymmetric) at two sizes, beside
+``rules/compressed_int4_to_bf16.yaml`` on the same modules.
 
     python benchmarks/awq_gptq_bench.py                        # 2 GB of bf16 output each, 3 reps
     python benchmarks/awq_gptq_bench.py --size 400MB --reps 1  # a quick run
@@ -7,10 +8,14 @@
 Sources: modules at Llama-3.1-8B's MLP widths (``up_proj`` [in 4096, out 14336] and
 ``down_proj`` [in 14336, out 4096]), group 128, random codes and zero points, float16 scales,
 as AutoAWQ GEMM and auto-gptq (v1) store them, one safetensors file each, added until the
-bf16 output reaches ``--size``. Each run is ``ckptxform apply`` in its own process from a warm
-page cache (``--no-fsync``); throughput is GB/s of bf16 written per wall second, peak RSS from
-GNU time. The same at a quarter of the size: peak RSS must not follow the size (a module is
-decoded a block of rows at a time and transposed in bounded tiles).
+bf16 output reaches ``--size``; and the AWQ source repacked by ``rules/awq_to_compressed_int4.yaml``
+(compressed-tensors ``pack-quantized``, asymmetric: the same codes, zero points and scales),
+the yardstick. Each run is ``ckptxform apply`` in its own process from a warm page cache
+(``--no-fsync``), the three alternating; throughput is GB/s of bf16 written per wall second,
+peak RSS from GNU time, and each format's time over compressed_int4_to_bf16's is the median of
+the ratios within a repetition (the machine is shared: runs minutes apart compare nothing).
+The same at a quarter of the size: peak RSS must not follow the size (a module is decoded a
+band of output rows at a time).
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from harness import compile_ckptxform, parse_size, run_contenders, warm  # noqa: E402
+from harness import compile_ckptxform, paired_ratio, parse_size, run_contenders, warm  # noqa: E402
 
 PY = sys.executable
-RULES = {fmt: HERE.parent / "rules" / f"{fmt}_to_bf16.yaml" for fmt in ("awq", "gptq")}
+RULES = {stem: HERE.parent / "rules" / f"{stem}.yaml" for stem in
+         ("awq_to_bf16", "gptq_to_bf16", "compressed_int4_to_bf16", "awq_to_compressed_int4")}
 HIDDEN, INTERMEDIATE, GROUP = 4096, 14336, 128
 
 
@@ -64,6 +70,16 @@ def build(root: Path, fmt: str, out_bytes: int) -> Path:
     return src
 
 
+def repacked(root: Path, awq: Path) -> Path:
+    """The AWQ source as compressed-tensors stores it (rules/awq_to_compressed_int4.yaml)."""
+    import subprocess
+
+    out = root / "compressed_int4"
+    subprocess.run([PY, "-m", "ckptxform", "-q", "apply", str(RULES["awq_to_compressed_int4"]),
+                    f"--source=model={awq}", "--no-fsync", "--out", str(out)], check=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="2GB", help="bf16 output of the larger run (default 2GB)")
@@ -71,22 +87,28 @@ def main() -> None:
     args = ap.parse_args()
     size = parse_size(args.size)
     work = Path(tempfile.mkdtemp(prefix="ckptxform-awq-gptq-bench-"))
-    lines = ["| format | bf16 out (GB) | median (s) | GB/s | peak RSS (MB) |", "|---|---|---|---|---|"]
+    lines = ["| rule | bf16 out (GB) | median (s) | GB/s | time / compressed_int4_to_bf16's | peak RSS (MB) |",
+             "|---|---|---|---|---|---|"]
     try:
         compile_ckptxform()
-        for fmt in ("awq", "gptq"):
-            for out_bytes in (size // 4, size):
-                root = work / f"{fmt}-{out_bytes}"
-                src = build(root, fmt, out_bytes)
+        for out_bytes in (size // 4, size):
+            root = work / str(out_bytes)
+            sources = {fmt: build(root, fmt, out_bytes) for fmt in ("awq", "gptq")}
+            sources["compressed_int4"] = repacked(root, sources["awq"])
+            contenders = {}
+            for fmt, src in sources.items():
                 warm(src)
-                apply = [PY, "-m", "ckptxform", "-q", "apply", str(RULES[fmt]), f"--source=model={src}", "--no-fsync"]
-                result = run_contenders({f"ckptxform {fmt}_to_bf16": lambda out, a=apply: [*a, "--out", str(out)]},
-                                        work, args.reps)[f"ckptxform {fmt}_to_bf16"]
-                modules = max(2, -(-out_bytes // (HIDDEN * INTERMEDIATE * 2)))
-                written = modules * HIDDEN * INTERMEDIATE * 2
-                lines.append(f"| {fmt} | {written / 1e9:.2f} | {result.wall:.2f} | {written / 1e9 / result.wall:.2f} "
-                             f"| {result.peak_mb:.0f} |")
-                shutil.rmtree(root)
+                apply = [PY, "-m", "ckptxform", "-q", "apply", str(RULES[f"{fmt}_to_bf16"]), f"--source=model={src}",
+                         "--no-fsync"]
+                contenders[f"{fmt}_to_bf16"] = lambda out, a=apply: [*a, "--out", str(out)]
+            results = run_contenders(contenders, work, args.reps)
+            modules = max(2, -(-out_bytes // (HIDDEN * INTERMEDIATE * 2)))
+            written = modules * HIDDEN * INTERMEDIATE * 2
+            yardstick = results["compressed_int4_to_bf16"]
+            for name, result in results.items():
+                lines.append(f"| {name} | {written / 1e9:.2f} | {result.wall:.2f} | {written / 1e9 / result.wall:.2f} "
+                             f"| {paired_ratio(result, yardstick):.2f} | {result.peak_mb:.0f} |")
+            shutil.rmtree(root)
         print("\n".join(lines))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,9 @@ from safetensors.torch import load_file, save_file
 
 from ckptxform import api
 from ckptxform.engine.plan import recipes
-from ckptxform.quant.awq_gptq import AWQ_ORDER, dequant_awq_rows, dequant_gptq_rows
+from ckptxform.ops.base import Block, InputTensor, Run, View
+from ckptxform.ops.dequant_awq_gptq import DequantAwq, DequantGptq
+from ckptxform.quant.awq_gptq import AWQ_ORDER, dequant_awq_columns, dequant_gptq_columns
 from ckptxform.standins.awq_gptq import build_awq_llama, build_gptq_llama
 from conftest import assert_clean_failure, error_lines, read_output, same_bits
 
@@ -70,18 +72,24 @@ def test_the_kernels_compute_each_format_as_defined(scale_dtype: str, out_dtype:
     s = (torch.from_numpy(rng.standard_normal((3, 24)).astype(np.float32)) * 0.03).to(TORCH[scale_dtype])
     s[0, 0] = -s[0, 0]  # a negative scale: -0.0 where q == z
     raw = s.view(torch.int16 if scale_dtype != "F32" else torch.int32).numpy().tobytes()
-    got = dequant_awq_rows(words.tobytes(), zeros.tobytes(), raw, first=0, cols=24, group=16,
-                           scale_dtype=scale_dtype, out_dtype=out_dtype)
-    want = _awq_by_definition(words, zeros, s, 16).to(TORCH[out_dtype])
+    got = dequant_awq_columns(words.tobytes(), zeros.tobytes(), raw, rows=48, cols=24, group=16,
+                              scale_dtype=scale_dtype, out_dtype=out_dtype)
+    want = _awq_by_definition(words, zeros, s, 16).to(TORCH[out_dtype]).T.contiguous()  # nn.Linear's [out, in]
     assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
     # GPTQ: 48 rows packed down in 6 words, 24 columns, rows in a desc_act order over 3 groups
     qw = rng.integers(0, 2**32, (6, 24), dtype=np.uint64).astype(np.uint32)
     qz = np.full((3, 3), 0xFFFFFFFF, dtype=np.uint32)  # every stored zero 15: the zero point 16
     qz[1] = rng.integers(0, 2**32, 3, dtype=np.uint64).astype(np.uint32)
     g_idx = rng.permutation(np.arange(48) // 16).astype(np.int32)
-    got = dequant_gptq_rows(qw.tobytes(), qz.tobytes(), raw, g_idx, first_group=0, cols=24,
-                            scale_dtype=scale_dtype, out_dtype=out_dtype)
-    want = _gptq_by_definition(qw, qz, s, g_idx).to(TORCH[out_dtype])
+    want = _gptq_by_definition(qw, qz, s, g_idx).to(TORCH[out_dtype]).T.contiguous()
+    got = dequant_gptq_columns(qw.tobytes(), qz.tobytes(), raw, g_idx.astype(np.int64), rows=48, cols=24,
+                               scale_dtype=scale_dtype, out_dtype=out_dtype)
+    assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
+    # rows in order, whole groups: a group's scale broadcast, not gathered; the same values
+    in_order = np.arange(48) // 16
+    got = dequant_gptq_columns(qw.tobytes(), qz.tobytes(), raw, 16, rows=48, cols=24, scale_dtype=scale_dtype,
+                               out_dtype=out_dtype)
+    want = _gptq_by_definition(qw, qz, s, in_order).to(TORCH[out_dtype]).T.contiguous()
     assert bytes(got) == want.view(torch.uint8).numpy().tobytes()
 
 
@@ -98,6 +106,52 @@ def test_small_blocks_write_the_same_bytes(stem: str, tmp_path: Path, monkeypatc
     assert sorted(outs[0]) == sorted(outs[1])
     for key in outs[0]:
         assert same_bits(outs[0][key], outs[1][key]), key
+
+
+def _module_inputs(parts: dict[str, np.ndarray], path: Path | None) -> list[InputTensor]:
+    """The parts as a block op reads them: from one local file (``path``), or by byte ranges."""
+    out, offset = [], 0
+    for array in parts.values():
+        raw = array.tobytes()
+        view = View(array.shape, {np.dtype("<i4"): "I32", np.dtype("<f2"): "F16"}[array.dtype],
+                    (Run(0, 0, len(raw)),))
+        out.append(InputTensor(view, lambda start, length, raw=raw: raw[start:start + length],
+                               None if path is None else (path, offset)))
+        offset += len(raw)
+    if path is not None:
+        path.write_bytes(b"".join(a.tobytes() for a in parts.values()))
+    return out
+
+
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_any_rows_of_the_output_are_those_rows_of_the_whole(fmt: str, local: bool, tmp_path: Path) -> None:
+    """A later op may read rows from anywhere (not whole words of 8): the same bytes as the
+    whole output's; column bands read from a file as from bytes (bands of 8 columns of 88: a
+    pread a run; of 24: the gaps read too, scattered)."""
+    rng = np.random.default_rng(7)
+    rows, cols, group = 64, 88, 16
+
+    def words(*shape: int) -> np.ndarray:
+        return rng.integers(-(2**31), 2**31 - 1, shape, dtype=np.int32)
+
+    scales = rng.uniform(-0.02, 0.02, (rows // group, cols)).astype("<f2")
+    if fmt == "awq":
+        op, parts = DequantAwq(), {"qweight": words(rows, cols // 8), "qzeros": words(rows // group, cols // 8),
+                                   "scales": scales}
+        args: dict[str, Any] = {"group": group}
+    else:
+        g_idx = rng.permutation(np.arange(rows) // group).astype("<i4")
+        op, parts = DequantGptq(), {"qweight": words(rows // 8, cols), "qzeros": words(rows // group, cols // 8),
+                                    "scales": scales, "g_idx": g_idx}
+        args = {"group": group, "groups": rows // group, "g_idx_key": "g_idx", "label": "test"}
+    inputs = _module_inputs(parts, tmp_path / "module.bin" if local else None)
+    block = Block(op, {**args, "dtype": "BF16", "nonfinite": None}, tuple(i.view for i in inputs), (cols, rows), "BF16")
+    whole = b"".join(op.blocks(block, inputs, 24 * rows * 2))
+    assert len(whole) == cols * rows * 2
+    for lo, hi in [(0, 88), (3, 13), (9, 17), (16, 40), (85, 88)]:
+        got = b"".join(op.blocks(block, inputs, 8 * rows * 2, range(lo, hi)))
+        assert got == whole[lo * rows * 2:hi * rows * 2], (lo, hi)
 
 
 @pytest.mark.parametrize("fmt", ["awq", "gptq"])

@@ -1,6 +1,10 @@
-"""AutoAWQ (GEMM) and GPTQ int4 storage: unpacking, dequantizing a block of rows exactly as
+"""AutoAWQ (GEMM) and GPTQ int4 storage: unpacking, dequantizing a band of columns exactly as
 their reference kernels do on the CPU, and repacking nibbles into compressed-tensors'
-``pack-quantized`` layout without a float round trip. numpy only (the light install runs it).
+``pack-quantized`` layout without a float round trip. numpy (the light install runs it); the
+float part of the dequantization on torch where it is installed (quant/awq_gptq_torch.py).
+The dequantization takes a band of the source's columns and writes ``nn.Linear``'s rows: the
+packed words are transposed (4 bytes for 8 codes), then a cache-sized sub-band of rows goes
+from codes to output in one pass.
 
 Both store ``[in, out]`` (the transpose of ``nn.Linear.weight``), 4-bit codes in int32 words:
 
@@ -22,11 +26,12 @@ scale's dtype (as torch's int8 x float16 product is), then cast to the output dt
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-from .numpy_kernels import as_float32, rounded, rounded_array
+from ..dtypes import DTYPE_SIZES
+from .numpy_kernels import as_float32, rounded_array
 
 Buffer = bytes | bytearray | memoryview
 
@@ -69,57 +74,37 @@ def _words(raw: Buffer, cols: int) -> np.ndarray:
     return np.frombuffer(raw, dtype="<u4").reshape(-1, cols)
 
 
-def _scaled(q: np.ndarray, zeros: np.ndarray, scales: Buffer, which: np.ndarray, scale_dtype: str,
-            out_dtype: str) -> np.ndarray:
-    """``(q - zeros[which]) * scales[which]`` (codes ``[rows, cols]``, per-group zero points and
-    scale bytes ``[groups, cols]``, ``which`` each row's group) rounded to the scale's dtype,
-    then to ``out_dtype``: the bytes, fresh. On torch where it is installed (its float16
-    conversions are vectorised: 5-8x numpy's here), else numpy; the same bytes."""
-    if os.environ.get("CKPTXFORM_NUMERIC") != "numpy":
-        try:
-            import torch
-        except ImportError:
-            pass
-        else:
-            return _scaled_torch(torch, q, zeros, scales, which, scale_dtype, out_dtype)
-    diff = q.astype(np.int16, order="C")  # GPTQ's rows come transposed
-    diff -= zeros[which]
-    values = diff.astype(np.float32)
-    values *= as_float32(scales, scale_dtype).reshape(-1, q.shape[1])[which]  # exact: 5 bits times at most 24
-    if scale_dtype != "F32" and scale_dtype != out_dtype:
-        values = as_float32(np.ascontiguousarray(rounded_array(values, scale_dtype)), scale_dtype)
-    return rounded(values.reshape(diff.shape), out_dtype)
+#: codes of output rows decoded at once: a sub-band's codes and values stay in the cache
+SUB_BAND = 1 << 18
+#: scale bytes as signed integers of their size (torch reads them back as the float dtype)
+_SCALE_BITS = {2: "<i2", 4: "<i4"}
 
 
-def _scaled_torch(torch: Any, q: np.ndarray, zeros: np.ndarray, scales: Buffer, which: np.ndarray, scale_dtype: str,
-                  out_dtype: str) -> np.ndarray:
-    from ..dtypes import torch_dtype
-    from .torch_buffers import as_tensor
-
-    sdtype = torch_dtype(scale_dtype)
-    index = torch.from_numpy(which.astype(np.int64, copy=False))
-    diff = torch.from_numpy(np.ascontiguousarray(q)).to(torch.int16)
-    diff.sub_(torch.from_numpy(zeros).index_select(0, index))
-    # the int difference in the scale's dtype (exact), one product rounded there: the references' op
-    values = diff.to(sdtype).mul_(as_tensor(scales, sdtype).view(-1, q.shape[1]).index_select(0, index))
-    return values.to(torch_dtype(out_dtype)).contiguous().view(torch.uint8).numpy().reshape(-1)
-
-
-def dequant_awq_rows(qweight: Buffer, qzeros: Buffer, scales: Buffer, *, first: int, cols: int, group: int,
-                     scale_dtype: str, out_dtype: str) -> memoryview:
-    """Rows ``first ..`` of the ``[in, out]`` weight (``cols`` = out) from their ``qweight``
-    rows, and the ``qzeros`` and ``scales`` rows of groups ``first // group`` to the last row's.
+def dequant_awq_columns(qweight: Buffer, qzeros: Buffer, scales: Buffer, *, rows: int, cols: int, group: int,
+                        scale_dtype: str, out_dtype: str) -> memoryview:
+    """Columns of the ``[in, out]`` weight (``rows`` = in, ``cols`` of them, a multiple of 8)
+    from their ``qweight`` words ``[rows, cols/8]``, ``qzeros`` ``[rows/group, cols/8]`` and
+    ``scales`` ``[rows/group, cols]``, as the rows ``[cols, rows]`` of ``nn.Linear``'s weight.
 
     >>> q = np.array([[0x76543210]], dtype="<u4")  # nibble i (value i) holds column AWQ_ORDER[i]
-    >>> out = dequant_awq_rows(q.tobytes(), np.zeros(1, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
-    ...                        first=0, cols=8, group=1, scale_dtype="F16", out_dtype="F32")
+    >>> out = dequant_awq_columns(q.tobytes(), np.zeros(1, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
+    ...                           rows=1, cols=8, group=1, scale_dtype="F16", out_dtype="F32")
     >>> np.frombuffer(out, "<f4").tolist()
     [0.0, 4.0, 1.0, 5.0, 2.0, 6.0, 3.0, 7.0]
     """
-    q = awq_columns(_words(qweight, cols // 8))
-    z = awq_columns(_words(qzeros, cols // 8)).astype(np.int16)
-    which = np.arange(first, first + q.shape[0]) // group - first // group
-    return memoryview(_scaled(q, z, scales, which, scale_dtype, out_dtype)).toreadonly()
+    words = np.ascontiguousarray(_words(qweight, cols // 8).T)  # [cols/8, rows]: 8 output rows a word row
+
+    def codes(lo: int, hi: int) -> np.ndarray:
+        raw = words[lo // 8:hi // 8].view(np.uint8).reshape(-1, rows, 4)
+        out = np.empty((raw.shape[0], 8, rows), dtype=np.uint8)
+        for byte in range(4):  # nibble 2b and 2b + 1 of each word: output rows AWQ_ORDER[...] of its eight
+            np.bitwise_and(raw[:, :, byte], np.uint8(0xF), out=out[:, AWQ_ORDER[2 * byte]])
+            np.right_shift(raw[:, :, byte], np.uint8(4), out=out[:, AWQ_ORDER[2 * byte + 1]])
+        return out.reshape(hi - lo, rows)
+
+    zeros = awq_columns(_words(qzeros, cols // 8)).astype(np.int16).T
+    return _dequantized(codes, zeros, scales, group, rows=rows, cols=cols, scale_dtype=scale_dtype,
+                        out_dtype=out_dtype)
 
 
 def gptq_zero_points(qzeros: np.ndarray) -> np.ndarray:
@@ -128,23 +113,75 @@ def gptq_zero_points(qzeros: np.ndarray) -> np.ndarray:
     return nibbles(qzeros).astype(np.int16) + 1
 
 
-def dequant_gptq_rows(qweight: Buffer, qzeros: Buffer, scales: Buffer, g_idx: np.ndarray, *, first_group: int,
-                      cols: int, scale_dtype: str, out_dtype: str) -> memoryview:
-    """The rows of the ``[in, out]`` weight packed in ``qweight`` (whole word rows: 8 rows
-    each), ``g_idx`` their groups, ``qzeros``/``scales`` the rows of groups ``first_group`` on
-    (every group ``g_idx`` names among them).
+def dequant_gptq_columns(qweight: Buffer, qzeros: Buffer, scales: Buffer, groups: int | np.ndarray, *, rows: int,
+                         cols: int, scale_dtype: str, out_dtype: str) -> memoryview:
+    """Columns of the ``[in, out]`` weight (``rows`` = in, a multiple of 8; ``cols`` of them,
+    a multiple of 8) from their ``qweight`` words ``[rows/8, cols]``, ``qzeros``
+    ``[g, cols/8]`` and ``scales`` ``[g, cols]``, as the rows ``[cols, rows]`` of ``nn.Linear``'s
+    weight. ``groups``: each input row's group (int64 ``[rows]``, any order), or the rows a
+    group spans when they come in order and ``rows`` is whole groups.
 
     >>> q = np.full((1, 8), 0x76543210, dtype="<u4")  # rows 0..7 of 8 columns
-    >>> out = dequant_gptq_rows(q.tobytes(), np.full(1, 0x77777777, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
-    ...                         np.zeros(8, np.int32), first_group=0, cols=8, scale_dtype="F16", out_dtype="F32")
-    >>> np.frombuffer(out, "<f4").reshape(8, 8)[:, 0].tolist()
+    >>> out = dequant_gptq_columns(q.tobytes(), np.full(1, 0x77777777, "<u4").tobytes(), np.ones(8, "<f2").tobytes(),
+    ...                            8, rows=8, cols=8, scale_dtype="F16", out_dtype="F32")
+    >>> np.frombuffer(out, "<f4").reshape(8, 8)[0].tolist()
     [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0]
     """
-    words = _words(qweight, cols)
-    q = nibbles(words.T.copy()).reshape(cols, -1).T  # row 8r + k of column c: nibble k of word [r, c]
-    z = gptq_zero_points(_words(qzeros, cols // 8))
-    which = g_idx.astype(np.int64) - first_group
-    return memoryview(_scaled(q, z, scales, which, scale_dtype, out_dtype)).toreadonly()
+    # [cols, rows/8]: nibble k of word [c, r] is input row 8r + k, so the nibbles fall in order
+    words = np.ascontiguousarray(_words(qweight, cols).T)
+    zeros = gptq_zero_points(_words(qzeros, cols // 8)).T
+    return _dequantized(lambda lo, hi: nibbles(words[lo:hi]), zeros, scales, groups, rows=rows, cols=cols,
+                        scale_dtype=scale_dtype, out_dtype=out_dtype)
+
+
+def _dequantized(codes: Callable[[int, int], np.ndarray], zeros: np.ndarray, scales: Buffer,
+                 groups: int | np.ndarray, *, rows: int, cols: int, scale_dtype: str, out_dtype: str) -> memoryview:
+    """Output rows ``[cols, rows]`` (``codes(lo, hi)``: the codes of rows lo..hi, multiples of
+    8; ``zeros`` ``[cols, g]``; ``scales`` the ``[g, cols]`` bytes) a cache-sized sub-band of
+    rows at a time, each in one pass from its codes into the output."""
+    size = DTYPE_SIZES[scale_dtype]
+    s = np.ascontiguousarray(np.frombuffer(scales, dtype=_SCALE_BITS[size]).reshape(-1, cols).T)
+    out = np.empty((cols, rows * DTYPE_SIZES[out_dtype]), dtype=np.uint8)
+    scaled = _backend()
+    band = max(8, SUB_BAND // max(1, rows) // 8 * 8)
+    for lo in range(0, cols, band):
+        hi = min(lo + band, cols)
+        z, sc, per = zeros[lo:hi], s[lo:hi], groups
+        if not isinstance(per, int):  # each row's group, any order: numpy's take (5x torch's index_select here)
+            z, sc, per = np.take(z, per, axis=1), np.take(sc, per, axis=1), 1
+        scaled(out[lo:hi], codes(lo, hi), z, sc, per, scale_dtype, out_dtype)
+    return memoryview(out.reshape(-1)).toreadonly()
+
+
+def _backend() -> Callable[..., None]:
+    """torch's sub-band kernel where it is installed (its float16 conversions are
+    vectorised: 5-8x numpy's here), else numpy's; the same bytes."""
+    if os.environ.get("CKPTXFORM_NUMERIC") != "numpy":
+        try:
+            from .awq_gptq_torch import scaled_into
+        except ImportError:
+            pass
+        else:
+            return scaled_into
+    return _scaled_into
+
+
+def _scaled_into(out: np.ndarray, codes: np.ndarray, zeros: np.ndarray, scales: np.ndarray, group: int,
+                 scale_dtype: str, out_dtype: str) -> None:
+    """``out`` (bytes ``[k, rows * size]``) = ``(codes - zeros) * scales`` per ``group`` rows, rounded
+    to the scale's dtype, then to ``out_dtype``. The integer difference and its product with
+    the scale are exact in float32 (5 bits times at most 24): one rounding, as torch's."""
+    k, rows = codes.shape
+    values = codes.astype(np.float32)
+    z = zeros.astype(np.float32)
+    s = as_float32(scales.tobytes(), scale_dtype).reshape(k, -1)
+    per_group = values.reshape(k, -1, group)
+    per_group -= z[:, :, None]
+    per_group *= s[:, :, None]
+    if scale_dtype != "F32" and scale_dtype != out_dtype:
+        values = as_float32(np.ascontiguousarray(rounded_array(values, scale_dtype)), scale_dtype).reshape(k, rows)
+    result = rounded_array(values, out_dtype)
+    out.view(result.dtype)[...] = result
 
 
 def awq_rows_packed_down(qweight: Buffer, cols: int) -> memoryview:
