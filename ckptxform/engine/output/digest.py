@@ -57,8 +57,9 @@ class RunDigest:
                 "contents": self.contents}
 
     def large_files(self) -> list[str]:
-        """The files keyed by size and header only (their pins count too)."""
-        return [path for path, key in self.contents.items() if not is_whole(key)]
+        """The files keyed by size and header only (their pins count too); not a path that
+        could not be read as a file (a vocabulary map given as a folder: its pin counts)."""
+        return [path for path, key in self.contents.items() if key.startswith("size=")]
 
 
 def run_digest(plan: Plan) -> RunDigest:
