@@ -178,7 +178,8 @@ def main() -> None:
                           f"{r['bytes'] / 1e6:9.2f} MB  verifier: {r['choice']}{guess}", flush=True)
                 if args.versus_download:
                     digests.add(versus_download(server, work, link, f"{rtt_ms}-{bandwidth}", args.reps))
-        print(f"outputs bit-identical across runs: {len(digests) == 1}")
+        if digests:  # none when only plans ran (--modes with no mode)
+            print(f"outputs bit-identical across runs: {len(digests) == 1}")
 
 
 if __name__ == "__main__":
