@@ -55,6 +55,10 @@ class _Dequant(BlockOp):
     def _out_dtype(args: Any) -> str:
         return USER_DTYPES[args.get("dtype", "bfloat16")]
 
+    #: (parse, the quantization_config object, its path, what parse made of it): the last
+    #: config parsed, since every module of a checkpoint asks for the same one
+    _parsed: ClassVar[tuple[Any, Any, str, Any] | None] = None
+
     @staticmethod
     def _config(ctx: Context, parse: Callable[[Found], _Parsed]) -> _Parsed:
         try:
@@ -62,7 +66,12 @@ class _Dequant(BlockOp):
             if found is None:
                 raise QuantizationConfigError("the converted source's config has no quantization_config "
                                               "(nor text_config.quantization_config); this rule needs one")
-            return parse(found)
+            last = _Dequant._parsed
+            if last is not None and last[0] == parse and last[1] is found.value and last[2] == found.path:
+                return last[3]  # type: ignore[no-any-return]
+            parsed = parse(found)
+            _Dequant._parsed = (parse, found.value, found.path, parsed)
+            return parsed
         except QuantizationConfigError as err:
             raise ctx.error(str(err)) from None
 
@@ -147,9 +156,9 @@ class DequantInt4(_Dequant):
         if "weight" in names:
             raise ctx.error(f"{ctx.key('weight')!r} and {ctx.key(sorted(parts)[0])!r} are both present: a module "
                             "is either quantized or not", key=ctx.key("weight"))
-        ignored = config.ignored(module)
         group = config.group_for(module, stored_quantized=True)
         if group is None:
+            ignored = config.ignored(module)  # only for the message: a scan of the list per module
             why = f"{config.path}.ignore lists {ignored!r}" if ignored else f"no group of {config.path} targets it"
             raise ctx.error(f"{ctx.key(sorted(parts)[0])!r} is quantized but {why}: the config does not "
                             "describe this module", key=ctx.key(sorted(parts)[0]))

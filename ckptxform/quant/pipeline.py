@@ -14,6 +14,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -30,9 +31,18 @@ def in_order(tasks: Iterable[Callable[[], _T]], workers: int = WORKERS) -> Itera
     iterable is advanced (its reads done) on the caller's thread."""
     threads = _OneTorchThread()
     try:
+        tasks = iter(tasks)
+        first = next(tasks, None)
+        second = next(tasks, None) if first is not None else None
+        if second is None:
+            # one block (a small tensor, most modules of a MoE): run here; a pool made and
+            # joined per tensor cost more than the kernel at Kimi-K2's 69,000 modules
+            if first is not None:
+                yield threads.run(first)
+            return
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptxform-dequant") as pool:
             pending: deque[Future[_T]] = deque()
-            for task in tasks:
+            for task in chain((first, second), tasks):
                 pending.append(pool.submit(threads.run, task))
                 if len(pending) > workers:
                     yield pending.popleft().result()
