@@ -39,15 +39,14 @@ DFLASH_NEWER = DFlashDims(hidden=24, heads=3, kv_heads=3, head_dim=8, intermedia
                           block_size_in_dflash_config=True)
 
 
-def _same_config(ours: dict[str, Any], theirs: dict[str, Any], verifier_repo: str) -> None:
-    """Every field speculators writes, ours the same (name_or_path: the rule's verifier repo,
-    where the converter was given a local path); transformer_layer_config as transformers
-    reads it (it rewrites rope_theta and torch_dtype on load)."""
+def _same_config(ours: dict[str, Any], theirs: dict[str, Any], verifier: Path) -> None:
+    """Every field speculators writes, ours the same (name_or_path: the verifier as given,
+    a local path to both); transformer_layer_config as transformers reads it (it rewrites
+    rope_theta and torch_dtype on load)."""
     assert set(ours) == set(theirs) - WRITER_FIELDS
     for key in sorted(set(ours) - {"transformer_layer_config", "speculators_config"}):
         assert ours[key] == theirs[key], key
-    assert ours["speculators_config"]["verifier"].pop("name_or_path") == verifier_repo
-    theirs["speculators_config"]["verifier"].pop("name_or_path")
+    assert ours["speculators_config"]["verifier"]["name_or_path"] == str(verifier)
     assert ours["speculators_config"] == theirs["speculators_config"]
 
 
@@ -93,9 +92,9 @@ def test_mtp_extract_writes_the_tensors_of_speculators_converter(mtp_case: tuple
 def test_mtp_extract_writes_the_config_of_speculators_converter(mtp_case: tuple[Path, Path, Path]) -> None:
     from speculators.models.mtp import MTPSpeculatorConfig
 
-    _, ours, theirs = mtp_case
+    verifier, ours, theirs = mtp_case
     ours_json, theirs_json = (json.loads((d / "config.json").read_text()) for d in (ours, theirs))
-    _same_config(ours_json, theirs_json, "Qwen/Qwen3-Next-80B-A3B-Instruct")
+    _same_config(ours_json, theirs_json, verifier)
     assert _loaded_layer_config(MTPSpeculatorConfig, ours) == _loaded_layer_config(MTPSpeculatorConfig, theirs)
 
 
@@ -157,9 +156,9 @@ def test_dflash_to_speculators_writes_the_config_of_speculators_converter(
         dflash_case: tuple[Path, Path, Path]) -> None:
     from speculators.models.dflash import DFlashSpeculatorConfig
 
-    _, ours, theirs = dflash_case
+    verifier, ours, theirs = dflash_case
     ours_json, theirs_json = (json.loads((d / "config.json").read_text()) for d in (ours, theirs))
-    _same_config(ours_json, theirs_json, "Qwen/Qwen3-8B")
+    _same_config(ours_json, theirs_json, verifier)
     assert _loaded_layer_config(DFlashSpeculatorConfig, ours) == _loaded_layer_config(DFlashSpeculatorConfig, theirs)
 
 
