@@ -192,6 +192,19 @@ def same_bits(a: Any, b: Any) -> bool:
     return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and tensor_bytes(a) == tensor_bytes(b)
 
 
+def assert_same_checkpoint(ours: Path, theirs: Path) -> dict[str, Any]:
+    """Two output folders with the same tensors bit for bit and the same config.json (its
+    quantization_config compared first, for a readable failure); returns our config."""
+    got, want = read_output(ours), read_output(theirs)
+    assert sorted(got) == sorted(want)
+    bad = sorted(k for k in want if not same_bits(got[k], want[k]))
+    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
+    mine, ref = (json.loads((d / "config.json").read_text()) for d in (ours, theirs))
+    assert mine.get("quantization_config") == ref.get("quantization_config")
+    assert mine == ref
+    return mine
+
+
 LM_HEAD = "language_model.lm_head.weight"
 
 

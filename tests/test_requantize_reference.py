@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, read_output, same_bits
+from conftest import REPO, assert_same_checkpoint, read_output
 from safetensors.torch import save_file
 
 from ckptxform import api
@@ -74,23 +74,13 @@ def _model_free(source: Path, out: Path, stem: str, converter: Any = None) -> Pa
     return out
 
 
-def _assert_same(ours: Path, theirs: Path) -> None:
-    got, want = read_output(ours), read_output(theirs)
-    assert sorted(got) == sorted(want)
-    bad = sorted(k for k in want if not same_bits(got[k], want[k].contiguous()))
-    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
-    mine, ref = (json.loads((d / "config.json").read_text()) for d in (ours, theirs))
-    assert mine["quantization_config"] == ref["quantization_config"]
-    assert mine == ref
-
-
 @pytest.mark.parametrize("stem", sorted(SCHEMES))
 def test_one_rule_is_the_reference_dequantizer_then_model_free_ptq(stem: str, fp8_source: Path,
                                                                   tmp_path: Path) -> None:
     ours = tmp_path / "ours"
     api.apply(RULES / f"{stem}.yaml", out=ours, sources={"model": str(fp8_source)}, progress=False)
     bf16 = _dequantized_by_compressed_tensors(fp8_source, tmp_path / "bf16")
-    _assert_same(ours, _model_free(bf16, tmp_path / "two_steps", stem))
+    assert_same_checkpoint(ours, _model_free(bf16, tmp_path / "two_steps", stem))
     one_call = _model_free(fp8_source, tmp_path / "one_call", stem, converter=_dequantizer(fp8_source))
     shutil.rmtree(bf16)
-    _assert_same(ours, one_call)
+    assert_same_checkpoint(ours, one_call)

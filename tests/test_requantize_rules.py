@@ -12,12 +12,11 @@ partial edge block (kv_a_proj's 144 rows), MoE experts and a 301-row vocabulary:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, assert_clean_failure, error_lines, read_audit, read_output, same_bits
+from conftest import REPO, assert_clean_failure, assert_same_checkpoint, error_lines, read_audit, read_output, same_bits
 
 from ckptxform import api
 from ckptxform.standins import build_kimi_k2
@@ -44,13 +43,7 @@ def test_one_rule_is_the_two_shipped_rules_in_a_row(rule: str, fp8_source: Path,
     one = _apply(rule, fp8_source, tmp_path / "one")
     bf16 = _apply("fp8_block_to_bf16", fp8_source, tmp_path / "bf16")
     two = _apply(TARGETS[rule], bf16, tmp_path / "two")
-    got, want = read_output(one), read_output(two)
-    assert sorted(got) == sorted(want)
-    bad = sorted(k for k in want if not same_bits(got[k], want[k]))
-    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
-    mine, theirs = (json.loads((d / "config.json").read_text()) for d in (one, two))
-    assert mine == theirs
-    quant = mine["quantization_config"]
+    quant = assert_same_checkpoint(one, two)["quantization_config"]
     assert quant["quant_method"] == "compressed-tensors" and "weight_block_size" not in quant
 
 

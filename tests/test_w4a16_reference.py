@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from ckptxform import api
-from conftest import read_output, same_bits
+from conftest import assert_same_checkpoint, read_output, same_bits
 
 pytestmark = pytest.mark.reference
 transformers = pytest.importorskip("transformers", reason="the reference extra (transformers) is not installed")
@@ -148,13 +148,7 @@ def test_output_is_llm_compressors_model_free_output(stem: str, model_dir: Path,
     model_free.model_free_ptq(str(model_dir), str(theirs), scheme=SCHEMES[stem], ignore=_ignore(stem),
                               max_workers=1, device="cpu")
     ours = _ours(stem, model_dir, tmp_path / "ours")
-    got, want = read_output(ours), read_output(theirs)
-    assert sorted(got) == sorted(want)
-    bad = sorted(k for k in want if not same_bits(got[k], want[k].contiguous()))
-    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
-    mine, ref = (json.loads((d / "config.json").read_text()) for d in (ours, theirs))
-    assert mine["quantization_config"] == ref["quantization_config"]
-    assert mine == ref
+    assert_same_checkpoint(ours, theirs)
 
 
 @pytest.mark.parametrize("stem", sorted(SCHEMES))
@@ -211,12 +205,8 @@ def test_channel_wise_is_llm_compressors_and_reads_back_as_compressed_tensors_de
                               ignore=_ignore("bf16_to_w4a16"), max_workers=1, device="cpu")
     api.apply(channel_rule(tmp_path, symmetric), out=tmp_path / "ours", sources={"model": str(model_dir)},
               progress=False)
-    got, want = read_output(tmp_path / "ours"), read_output(tmp_path / "theirs")
-    assert sorted(got) == sorted(want)
-    bad = sorted(k for k in want if not same_bits(got[k], want[k].contiguous()))
-    assert not bad, f"{len(bad)} tensors differ, first {bad[:3]}"
-    mine, ref = (json.loads((tmp_path / d / "config.json").read_text()) for d in ("ours", "theirs"))
-    assert mine == ref
+    assert_same_checkpoint(tmp_path / "ours", tmp_path / "theirs")
+    got = read_output(tmp_path / "ours")
     api.apply(RULES / "compressed_int4_to_bf16.yaml", out=tmp_path / "back", sources={"model": str(tmp_path / "ours")},
               progress=False)
     back = read_output(tmp_path / "back")
