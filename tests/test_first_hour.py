@@ -136,3 +136,21 @@ def test_a_rule_that_does_not_fit_names_the_rules_that_would(tmp_path: Path, run
         "; shipped rules that plan on it: bf16_to_fp8_block, bf16_to_fp8_dynamic, bf16_to_nvfp4, "
         f"fp8_block_to_bf16, hf_llama_to_meta, peft_lora_merge, "
         f"tie_embeddings (ckptxform rules --for {model})"), proc.stderr
+
+
+@pytest.mark.parametrize(("rule", "reason"), [
+    ("awq_to_bf16", "this rule reads AutoAWQ's qweight, qzeros and scales; the source's quantization_config names "
+                    "another method (or none): rules --for SOURCE lists the rules that fit"),
+    ("fp8_block_to_w4a16", "this rule re-quantizes an FP8 block-scaled checkpoint (DeepSeek layout); for a bf16 "
+                           "source: rules/bf16_to_w4a16.yaml"),
+])
+def test_a_quantized_source_rule_on_a_bf16_model_is_refused_by_its_quant_method(
+        rule: str, reason: str, tmp_path: Path, run_cli: Any) -> None:
+    from ckptxform.standins.hf_models import build_llama
+
+    model = build_llama(tmp_path / "llama")
+    proc = run_cli("plan", rule, "--source", f"model={model}")
+    assert proc.returncode == 1
+    assert proc.stderr.rstrip().endswith(
+        f"has no field 'quantization_config.quant_method'; add it to that file, or point the source at the "
+        f"checkpoint it belongs to; {reason}"), proc.stderr
