@@ -128,7 +128,9 @@ def test_apply_work_grows_linearly_and_leaves_no_cycle_per_tensor(tmp_path: Path
     large = _apply_counted(_many_tensors(tmp_path / "4n", 4000))
     # measured 3.95x (apply's fixed part is small); threads' waits vary a little
     assert large[0] < 4.3 * small[0], (small[0], large[0])
-    assert large[1] < 200 and large[1] - small[1] < 50, (small[1], large[1])
+    # a handful of cycles a run (a module's import, a logger) and an output shard (json's
+    # encoder closures for its record; the output has the source's 4 files): never one per tensor
+    assert large[1] < 100 * 4 and large[1] - small[1] < 50, (small[1], large[1])
 
 
 def test_build_plan_restores_the_collector(tmp_path: Path) -> None:

@@ -169,7 +169,8 @@ def _build(m: Merged, label: str, sha256: str, files: tuple[str, ...]) -> RuleSe
         dtype=out.get("dtype"), file_name=out.get("file_name", "model.safetensors"),
         config_file=out.get("config_file", "config.json"), shards_like=(out.get("shards") or {}).get("like"),
         format=out.get("format", "safetensors"),
-        gguf=GgufSpec(**out["gguf"]) if "gguf" in out else None)
+        gguf=GgufSpec(**out["gguf"]) if "gguf" in out else None,
+        follows_source=not {"max_shard_size", "file_name", "shards"} & set(out))
     if output.format == "gguf" and "file_name" not in out:
         output = replace(output, file_name="model.gguf")
     convert = m.scalars["convert"].value if "convert" in m.scalars else (

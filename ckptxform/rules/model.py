@@ -236,6 +236,10 @@ class OutputSpec:
     #: ``shards: {like: SOURCE}``: the output's files are that source's (names, which tensor
     #: goes in which, their order), not packed afresh by max_shard_size
     shards_like: str | None = None
+    #: none of max_shard_size, file_name, shards given: the output's files are made one from
+    #: each of the converted source's (engine/plan/layout_follow.py); a file_name alone names
+    #: the one file, as before
+    follows_source: bool = True
     #: ``safetensors`` or ``gguf`` (one llama.cpp file, metadata as ``gguf`` says)
     format: str = "safetensors"
     gguf: GgufSpec | None = None

@@ -154,6 +154,19 @@ def plan_layout(
     """
     if max_shard_size is not None and max_shard_size <= 0:
         raise UsageError(f"max_shard_size must be positive, got {max_shard_size}")
+    return layout_in_groups(_pack(specs, max_shard_size), file_name=file_name, metadata=metadata,
+                            copied_from=copied_from)
+
+
+def layout_in_groups(
+    groups: Sequence[Sequence[OutputTensorSpec]],
+    *,
+    file_name: str = "model.safetensors",
+    metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
+    copied_from: Mapping[str, tuple[str, int]] | None = None,
+) -> OutputLayout:
+    """One shard a group (at least one group), named as ``plan_layout`` names them;
+    ``copied_from`` as for ``plan_layout``."""
     if not file_name.endswith(".safetensors") or "/" in file_name or file_name == ".safetensors":
         raise UsageError(f"output file name {file_name!r} must be a plain name ending in "
                          "'.safetensors', e.g. 'model.safetensors'")
@@ -161,13 +174,12 @@ def plan_layout(
                                         for k, v in metadata.items()):
         raise UsageError("safetensors metadata must map strings to strings")
     seen: set[str] = set()
-    for spec in specs:
-        if spec.key in seen:
-            raise PlanError(f"output tensor {spec.key!r} is produced twice; "
-                            "make the rules give each output a distinct name", key=spec.key)
-        seen.add(spec.key)
-
-    groups = _pack(specs, max_shard_size)
+    for group in groups:
+        for spec in group:
+            if spec.key in seen:
+                raise PlanError(f"output tensor {spec.key!r} is produced twice; "
+                                "make the rules give each output a distinct name", key=spec.key)
+            seen.add(spec.key)
     if len(groups) == 1:
         names = [file_name]
         index_file = None
@@ -176,7 +188,7 @@ def plan_layout(
         names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
         index_file = f"{file_name}.index.json"
     copied_from = copied_from or {}
-    shards = tuple(shard_layout(name, _source_order(group, copied_from), metadata, copied_from)
+    shards = tuple(shard_layout(name, _source_order(list(group), copied_from), metadata, copied_from)
                    for name, group in zip(names, groups, strict=True))
     return OutputLayout(shards=shards, index_file=index_file)
 

@@ -21,7 +21,8 @@ from ..output.copied_files import copied_files_changed
 from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
-from ..plan.layout import OutputLayout, OutputTensorSpec, plan_layout
+from ..plan.layout import OutputLayout, OutputTensorSpec, layout_in_groups, plan_layout
+from ..plan.layout_follow import SAVE_PRETRAINED_SHARD_SIZE, source_file_groups
 from ..plan.layout_like import plan_layout_like
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
@@ -35,17 +36,24 @@ __all__ = ["ApplyResult", "WrittenTensor", "execute", "layout_of"]
 
 def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
     """The output files of ``plan`` and where each tensor goes in them: packed into shards
-    of ``output.max_shard_size``, or in the files of the source ``output.shards.like`` names."""
+    of ``output.max_shard_size``, in the files of the source ``output.shards.like`` names, or
+    by default as the converted source is sharded (engine/plan/layout_follow.py)."""
     if plan.rules.output.format == "gguf":
         from ..output.gguf.layout import plan_gguf_layout
 
         return plan_gguf_layout(plan, sources)
     specs = [OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs]
-    like = plan.rules.output.shards_like
-    if like is not None:
-        return plan_layout_like(specs, source=like, ckpt=sources.checkpoints[like],
+    output = plan.rules.output
+    if output.shards_like is not None:
+        return plan_layout_like(specs, source=output.shards_like, ckpt=sources.checkpoints[output.shards_like],
                                 copied_from=_copied_from(plan, sources))
-    return plan_layout(specs, max_shard_size=plan.rules.output.max_shard_size, file_name=plan.rules.output.file_name,
+    max_shard_size = output.max_shard_size  # None: one file (a rule that names it)
+    if output.follows_source:
+        groups = source_file_groups(plan, sources, specs)
+        if groups is not None:
+            return layout_in_groups(groups, file_name=output.file_name, copied_from=_copied_from(plan, sources))
+        max_shard_size = SAVE_PRETRAINED_SHARD_SIZE
+    return plan_layout(specs, max_shard_size=max_shard_size, file_name=output.file_name,
                        copied_from=_copied_from(plan, sources))
 
 
