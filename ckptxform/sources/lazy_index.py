@@ -13,12 +13,30 @@ it: such a shard's keys are only listed, never read or written.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
 
-__all__ = ["LazyShards", "LazyTensors"]
+__all__ = ["LazyShards", "LazyTensors", "weak_loader"]
+
+
+def weak_loader(load: Callable[..., list[TensorInfo]]) -> Callable[..., list[TensorInfo]]:
+    """``load``, a checkpoint's bound method, called through a weak reference: the
+    checkpoint holds its ``LazyTensors``, and a loader holding the checkpoint made a
+    reference cycle that only the cyclic collector frees (paused over a run: every header
+    read stayed alive until it ran)."""
+    method = weakref.WeakMethod(load)  # type: ignore[arg-type]
+
+    def load_weakly(*args: Any) -> list[TensorInfo]:
+        bound = method()
+        if bound is None:
+            raise RuntimeError("the checkpoint of this index is gone: its headers cannot be read")
+        return bound(*args)
+
+    return load_weakly
 
 
 class LazyTensors(Mapping[str, TensorInfo]):

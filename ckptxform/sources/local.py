@@ -35,7 +35,7 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
-from ckptxform.sources.lazy_index import LazyShards, LazyTensors
+from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import (
@@ -295,7 +295,7 @@ def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalChe
         ckpt = LocalCheckpoint(location=location, name=name, root=layout.root, tensors={}, files=layout.files,
                                metadata={}, bin_tensors={}, pins=pins)
         ckpt.tensors = LazyTensors(layout.weight_map, layout.files,
-                                   functools.partial(ckpt._load_shard, str(layout.index)))
+                                   functools.partial(weak_loader(ckpt._load_shard), str(layout.index)))
         return ckpt
     if layout.kind == "safetensors":
         per_file, metadata = _read_safetensors_headers(layout, pins)

@@ -25,7 +25,7 @@ from ..output.jobdir import JobDir, ShardRecord
 from ..plan.layout import OutputLayout
 from ..plan.planner import Plan, forbid_planning
 from ..plan.recipes import Sources
-from .shard_plan import load_run_plan, open_pinned, save_run_plan, slice_plan
+from .shard_plan import keep_run_plan, load_run_plan, open_pinned, save_run_plan, slice_plan
 from .stream import write_outputs
 from .writer import ShardWriter
 
@@ -55,12 +55,14 @@ def first_etags(sources: Sources) -> dict[str, dict[str, str]]:
 
 
 def shard_tasks(plan: Plan, sources: Sources, layout: OutputLayout, job: JobDir,
-                indices: list[int]) -> list[ShardTask]:
+                indices: list[int], *, in_process: bool = False) -> list[ShardTask]:
     """One task per shard of ``indices``, their slice of ``plan`` (read through ``sources``,
-    the open checkpoints it was planned from) saved in ``job``."""
+    the open checkpoints it was planned from) saved in ``job``, or only held in memory when
+    the tasks run ``in_process``."""
     if not indices:
         return []
-    name = save_run_plan(job, slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources)))
+    run = slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources))
+    name = keep_run_plan(job, run) if in_process else save_run_plan(job, run)
     return [ShardTask(job, i, layout.shards[i].file, name) for i in indices]
 
 
