@@ -108,14 +108,17 @@ class RunPlan:
 
 
 def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
-               etags: Mapping[str, Mapping[str, str]]) -> RunPlan:
-    """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was planned from)."""
+               etags: Mapping[str, Mapping[str, str]], *, for_workers: bool = True) -> RunPlan:
+    """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was
+    planned from). Not ``for_workers``: only the shards and their outputs, for tasks that
+    read through ``sources`` themselves (what a worker opens and checks, ~150 bytes a
+    tensor read, is left out)."""
     by_key = {o.key: o for o in plan.outputs}
     works = {}
     for shard in shards:
         outputs = tuple(by_key[p.spec.key] for p in shard.tensors)
         reads: dict[tuple[str, str], TensorInfo] = {}
-        for out in outputs:
+        for out in outputs if for_workers else ():
             refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
             refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(sources)]
             for source, key in refs:

@@ -61,7 +61,8 @@ def shard_tasks(plan: Plan, sources: Sources, layout: OutputLayout, job: JobDir,
     the tasks run ``in_process``."""
     if not indices:
         return []
-    run = slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources))
+    run = slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources),
+                     for_workers=not in_process)
     name = keep_run_plan(job, run) if in_process else save_run_plan(job, run)
     return [ShardTask(job, i, layout.shards[i].file, name) for i in indices]
 
@@ -76,12 +77,12 @@ def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], Non
     before = {name: len(ckpt.fetch_events()) for name, ckpt in sources.checkpoints.items()}
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
         write_outputs(list(work.outputs), sources, writer, progress)
-    digests = tuple((p.spec.key, writer.digest(p.spec.key)) for p in shard.tensors)
-    moved = tuple(writer.moved(p.spec.key) for p in shard.tensors)
+    digests, moved = writer.take_results()
+    cloned = writer.bytes_cloned
     # how this shard's Hub bytes were fetched (a worker's sources serve many shards)
     fetches = tuple(event for name in sorted(sources.checkpoints)
                     for event in sources.checkpoints[name].fetch_events()[before[name]:])
-    return job.commit_shard(shard, partial, digests, fetches, writer.bytes_cloned, moved)
+    return job.commit_shard(shard, partial, digests, fetches, cloned, moved)
 
 
 def run_shard(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardRecord:

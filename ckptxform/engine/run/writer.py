@@ -111,6 +111,10 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
         fn(fd, offset, length, 2)
 
 
+#: a tensor none of whose bytes were cloned or kernel-copied (every small one): one tuple for all
+_NOTHING_MOVED = (0, 0)
+
+
 class _TensorState:
     __slots__ = ("block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes", "lane",
                  "placed", "placement", "written")
@@ -354,6 +358,18 @@ class ShardWriter:
         those the kernel copied (the rest were written from memory)."""
         state = self._tensors[key]
         return state.cloned, state.copied
+
+    def take_results(self) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[int, int], ...]]:
+        """Once closed: ``(key, digest)`` and ``moved`` of every tensor, in data order, each
+        tensor's state dropped as it is taken (this writer then answers for none): held
+        with the states, these pairs were the peak of a shard of many small tensors."""
+        digests, moved = [], []
+        for key in self.layout.placements:
+            digests.append((key, self.digest(key)))
+            pair = self.moved(key)
+            moved.append(_NOTHING_MOVED if pair == _NOTHING_MOVED else pair)
+            del self._tensors[key]
+        return tuple(digests), tuple(moved)
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
