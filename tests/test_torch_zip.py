@@ -222,6 +222,11 @@ def _hostile(tmp_path: Path, case: str) -> tuple[Path, str]:
     elif case == "negative stride":
         path = write_archive(tmp_path, {"w": tensor("0", numel=4, size=(4,), stride=(-1,), offset=3)}, FOUR_FLOATS)
         why = "tensor 'w' has storage offset 3, size [4], stride [-1] and dtype 'float32', which no tensor has"
+    elif case == "not a storage":
+        rebuilt = _global("torch._utils", "_rebuild_tensor_v2") + _tuple([_int(7), _int(0), _tuple([_int(4)]),
+                                                                         _tuple([_int(1)])]) + b"R"
+        path = write_archive(tmp_path, {"w": rebuilt}, FOUR_FLOATS)
+        why = "tensor 'w' is rebuilt from a int, not a storage"
     elif case == "compressed":
         path = write_archive(tmp_path, {"w": tensor("0", **ok)}, FOUR_FLOATS, compress=zipfile.ZIP_DEFLATED)
         why = "its member 'archive/data/0' is compressed or encrypted, which torch.save never writes"
@@ -231,7 +236,7 @@ def _hostile(tmp_path: Path, case: str) -> tuple[Path, str]:
 
 
 HOSTILE = ["unknown callable", "missing storage", "offset past the end", "size past the end", "huge numel",
-           "negative stride", "compressed"]
+           "negative stride", "not a storage", "compressed"]
 
 
 @pytest.mark.parametrize("case", HOSTILE)

@@ -6,6 +6,7 @@ stride make the tensor) and ``data/0`` (the storage's bytes, little-endian). Thi
 reads the zip's directory and ``data.pkl`` (restricted: the rebuild functions and storage
 classes only) and returns the absolute file offset of the tensor's first byte, after
 checking that the record holds exactly the dtype and shape the metadata claims, contiguous.
+Its allow-list and record types also index whole state dicts (``torch_zip``).
 """
 
 from __future__ import annotations

@@ -23,9 +23,17 @@ from typing import Any
 
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.errors import CheckpointFormatError, quote
+from ckptxform.fileio import read_into
 from ckptxform.sources.base import TensorInfo
 from ckptxform.sources.restricted_pickle import load_restricted
-from ckptxform.sources.torch_record import ITEM_BYTES, TENSOR_GLOBALS, StoredTensor, is_row_major, stored_storage
+from ckptxform.sources.torch_record import (
+    ITEM_BYTES,
+    TENSOR_GLOBALS,
+    StoredStorage,
+    StoredTensor,
+    is_row_major,
+    stored_storage,
+)
 from ckptxform.sources.zip_members import damaged_archive, read_member
 
 _WHAT = "a torch.save'd state dict"
@@ -63,8 +71,8 @@ class StridedTensor:
             if self._laid_out is None:
                 import numpy as np
 
-                raw = os.pread(fd, self.span, self.start)
-                if len(raw) < self.span:
+                raw = bytearray(self.span)
+                if read_into(fd, memoryview(raw), self.start) < self.span:
                     return None
                 items = np.frombuffer(raw, dtype=f"V{self.itemsize}")
                 view = np.lib.stride_tricks.as_strided(
@@ -145,6 +153,8 @@ def _checked_tensor(path: Path, key: Any, value: Any) -> StoredTensor:
             kind, nested = "dict", f" (the weights may be nested: save state[{key!r}] instead)"
         raise CheckpointFormatError(f"{path}: entry {key!r} is a {kind}, not a tensor; a state dict maps tensor "
                                     f"names to tensors{nested}", path=str(path), key=key)
+    if not isinstance(value.storage, StoredStorage):
+        raise _damaged(path, f"tensor {quote(key)} is rebuilt from a {type(value.storage).__name__}, not a storage")
     numbers = (value.storage_offset, *value.size, *value.stride)
     if (any(type(n) is not int or n < 0 for n in numbers) or len(value.size) != len(value.stride)
             or value.dtype not in ITEM_BYTES or value.storage.dtype not in (None, value.dtype)):
