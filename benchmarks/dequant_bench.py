@@ -3,6 +3,8 @@
     python benchmarks/dequant_bench.py                        # >= 2 GB of FP8 and of int4 weights, 3 reps
     python benchmarks/dequant_bench.py --size 200MB --reps 1  # a quick run
     python benchmarks/dequant_bench.py --formats mxfp4 --size 500MB  # gpt-oss MXFP4 (mxfp4_source.py)
+    python benchmarks/dequant_bench.py --formats fp8 --size 1GB --reps 7 --skip-rss \
+        --contenders 'ckptxform apply --no-fsync'   # issue 36's FP8 figure: apply against cp -r alone
 
 Sources are the Kimi-K2 stand-ins at the real widths (hidden 7168, FP8 block 128, int4
 group 32; ``kv_a_proj_with_mqa`` [576, 7168] with its partial edge block), with enough
@@ -228,8 +230,10 @@ def output_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.glob("*.safetensors"))
 
 
-def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str, object]]:
-    """Build the ``fmt`` source, time the contenders on it; (report lines, raw figures)."""
+def run(fmt: str, size: int, reps: int, work: Path,
+        only: list[str] | None = None) -> tuple[list[str], dict[str, object]]:
+    """Build the ``fmt`` source, time the contenders on it (those named in ``only``, with
+    ``cp -r`` always; all when None); (report lines, raw figures)."""
     cli = [PY, "-m", "ckptxform", "-q"]
     src = build_source(work / "src", fmt, size)
     warm(src)
@@ -247,6 +251,12 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
         "ckptxform apply --no-fsync": lambda out: [*apply, str(out), "--no-fsync"],
         "ckptxform apply": lambda out: [*apply, str(out)],
     }
+    if only is not None:
+        unknown = sorted(set(only) - set(contenders))
+        if unknown:
+            raise SystemExit(f"--contenders: unknown {', '.join(map(repr, unknown))} (known: "
+                             f"{', '.join(map(repr, contenders))})")
+        contenders = {name: argv for name, argv in contenders.items() if name == "cp -r" or name in only}
     results = run_contenders(contenders, work, reps)
     shutil.rmtree(probe)
     source, shards = output_bytes(src), len(list(src.glob("*.safetensors")))
@@ -255,7 +265,8 @@ def run(fmt: str, size: int, reps: int, work: Path) -> tuple[list[str], dict[str
               "| contender | median (s) | best (s) | GB/s of output | / cp -r | / naive | peak RSS (MB) |",
               "|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        rel = f"{paired_ratio(r, results['naive load/dequant/save']):.2f}" if name.startswith("ckptxform") else ""
+        naive = results.get("naive load/dequant/save")
+        rel = f"{paired_ratio(r, naive):.2f}" if naive is not None and name.startswith("ckptxform") else ""
         report.append(f"| {name} | {r.wall:.2f} | {r.best:.2f} | {written / r.wall / 1e9:.2f} | "
                       f"{paired_ratio(r, results['cp -r']):.2f} | {rel} | {r.peak_mb:.0f} |")
     return [*report, ""], {"source_bytes": source, "output_bytes": written,
@@ -339,6 +350,9 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="scratch directory (default: a new temporary one)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write the figures here")
     ap.add_argument("--kernels", action="store_true", help="time the block kernels alone, per backend")
+    ap.add_argument("--contenders", default=None,
+                    help="comma-separated contenders to run beside 'cp -r' (default: all), e.g. "
+                         "'ckptxform apply --no-fsync'")
     args = ap.parse_args()
     if args.kernels:
         print("\n".join(kernel_figures()))
@@ -349,7 +363,8 @@ def main() -> None:
     compile_ckptxform()
     with tempfile.TemporaryDirectory(prefix="ckptxform-dequant-bench-", dir=args.work) as scratch:
         for fmt in args.formats.split(","):
-            lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch))
+            only = args.contenders.split(",") if args.contenders else None
+            lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch), only)
             report += lines
         if not args.skip_rss:
             if "mxfp4" != args.formats:

@@ -158,9 +158,12 @@ def test_what_needs_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     pickled = tmp_path / "bin"
     pickled.mkdir()
-    (pickled / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really")
+    # torch's pre-1.6 format, a bare pickle (torch's zip format reads without torch)
+    (pickled / "pytorch_model.bin").write_bytes(b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.")
     done = ckptxform("inspect", str(pickled))
-    assert done.returncode != 0 and "pip install 'ckptxform[torch]'" in done.stderr, done.stderr
+    assert done.returncode != 0, done.stderr
+    assert done.stderr.strip().endswith(f"{pickled / 'pytorch_model.bin'}: a legacy (non-zip) pickled .bin/.pth "
+                                        "needs torch, which is not installed; pip install 'ckptxform[torch]'")
     assert "Traceback" not in done.stderr
 
 
@@ -180,16 +183,34 @@ def test_demo_and_its_apply_without_torch(tmp_path: Path, rule: str) -> None:
     assert ckptxform("verify", str(tmp_path / "out")).returncode == 0
 
 
-def test_the_demo_of_a_pickled_bin_rule_builds_without_torch_and_its_apply_names_the_extra(tmp_path: Path) -> None:
-    """The stand-in pytorch_model.bin is shipped prebuilt; reading a .bin still needs torch."""
-    done = ckptxform("demo", "eagle3_to_speculators", "--out", str(tmp_path / "demo"))
+def test_the_demo_of_a_pickled_bin_rule_runs_without_torch(tmp_path: Path) -> None:
+    """The stand-in pytorch_model.bin is shipped prebuilt, and torch's zip format is read
+    without torch: ``demo --run`` converts it, and the output verifies."""
+    done = ckptxform("demo", "eagle3_to_speculators", "--run", "--out", str(tmp_path / "demo"))
     assert done.returncode == 0, done.stderr
     drafter = tmp_path / "demo" / "sources" / "EAGLE3-LLaMA3.1-Instruct-8B"
-    assert (drafter / "pytorch_model.bin").is_file() and (drafter / "config.json").is_file()
-    converted = ckptxform("apply", "eagle3_to_speculators", f"--source=drafter={drafter}",
-                          "--out", str(tmp_path / "out"))
-    assert converted.returncode == 1 and "pip install 'ckptxform[torch]'" in converted.stderr
-    assert len(converted.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+    assert (drafter / "pytorch_model.bin").read_bytes()[:4] == b"PK\x03\x04"
+    converted = tmp_path / "demo" / "converted"
+    assert (converted / "config.json").is_file() and list(converted.glob("*.safetensors")), done.stdout
+    assert ckptxform("verify", str(converted)).returncode == 0
+
+
+def test_a_hostile_bin_is_one_line_without_torch(tmp_path: Path) -> None:
+    """A data.pkl that calls os.system: refused by name, the call never made."""
+    import zipfile
+
+    marker = tmp_path / "marker"
+    command = f"touch {marker}".encode()
+    pickled = (b"\x80\x02}X\x01\x00\x00\x00wcos\nsystem\n(X" + len(command).to_bytes(4, "little") + command
+               + b"tRs.")
+    path = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", pickled)
+        archive.writestr("archive/byteorder", b"little")
+    done = ckptxform("inspect", str(path))
+    assert done.returncode != 0 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "the pickle names 'os.system', which a torch.save'd state dict never holds" in done.stderr
+    assert not marker.exists()
 
 
 def test_a_dcp_checkpoint_converts_and_inspects_without_torch(tmp_path: Path) -> None:

@@ -718,9 +718,9 @@ def test_a_pytorch_model_bin_with_pickled_code_is_refused_by_apply_and_never_run
     out = tmp_path / "out"
     proc = run_cli(*apply_args(headline_rule, {**headline.sources, "drafter": str(drafter)}, out))
     assert one_error(proc) == (
-        f"error: {drafter / 'pytorch_model.bin'}: contains pickled code that weights_only loading refuses (it "
-        "references 'exec'); re-save it as safetensors from a trusted environment (torch.load there, then "
-        "safetensors.torch.save_file)")
+        f"error: {drafter / 'pytorch_model.bin'}: the pickle names '__builtin__.exec', which a torch.save'd state "
+        "dict never holds; refusing to load it (a pickle's globals can run code): re-save it as safetensors from a "
+        "trusted environment (torch.load there, then safetensors.torch.save_file)")
     assert not marker.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
     # guard: the same file does run code when loaded unsafely, so the refusal is what saved us

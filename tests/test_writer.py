@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -205,7 +204,7 @@ def test_digests_match_the_reference_for_large_small_and_reused_buffer_chunks(al
     layout = plan_layout([u8("big", len(big)), u8("reused", len(big))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:
-            # large chunks go to the hashing thread, the odd small one is hashed inline
+            # large chunks are hashed from memory as written, the odd small one read back inline
             shards.write("big", big[: 2 * MiB])
             shards.write("big", memoryview(big)[2 * MiB : 2 * MiB + 100])
             shards.write("big", big[2 * MiB + 100 :])
@@ -340,22 +339,27 @@ def test_copied_bytes_are_hashed_where_they_landed_not_read_from_the_source_agai
         assert tensor_bytes(f.get_tensor("w")) == data
 
 
-def test_an_output_cut_short_before_it_is_read_back_is_one_clear_error_and_no_output(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Read back to be hashed, the output must hold what was written: a file cut short
-    under the run is an error naming it, not a digest of less (nor SIGBUS)."""
+@pytest.mark.parametrize("chunk", [MiB, 32 << 10])
+def test_an_output_cut_short_under_the_run_is_one_clear_error_and_no_output(
+        chunk: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output must hold what was written: a file cut short under the run is an error
+    naming it, not a digest of less (nor SIGBUS); whether the tensor was hashed from memory
+    as it was written (a large chunk) or is read back to be hashed (small chunks): the
+    file's size is checked when the tensor is finished."""
     import ckptxform.engine.run.writer as writer
 
-    monkeypatch.setattr(writer, "_HASH_WINDOW", 1 << 40)  # hashed only when the tensor is finished
+    monkeypatch.setattr(writer, "_HASH_WINDOW", 1 << 40)  # read back only when the tensor is finished
     layout = plan_layout([u8("w", MiB)], max_shard_size=None)
+    data = os.urandom(MiB)
     with pytest.raises(OutputError) as err:
         with OutputDir(tmp_path / "out") as od:
             with ShardWriter(od, layout) as shards:
-                shards.write("w", os.urandom(MiB))
+                for at in range(0, MiB, chunk):
+                    shards.write("w", data[at:at + chunk])
                 os.truncate(od.tmp_path / "model.safetensors", MiB // 2)
                 shards.finish_tensor("w")
             od.commit()
-    assert str(err.value) == (f"reading back {str(tmp_path / 'out' / 'model.safetensors')!r} failed: the file "
+    assert str(err.value) == (f"checking {str(tmp_path / 'out' / 'model.safetensors')!r} failed: the file "
                               "is shorter than what was written to it; check the output directory or choose "
                               "another --out")
     assert not (tmp_path / "out").exists() and siblings(tmp_path / "out") == []

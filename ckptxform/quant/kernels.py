@@ -24,8 +24,11 @@ Two arithmetic backends give the same bytes (tests/test_numeric_backends.py):
 ``torch_kernels`` where torch is installed, ``numpy_kernels`` elsewhere (the light
 install). Where a scale covers many codes (FP8 blocks of 2,048 values or more, int4 groups
 of 128, every NVFP4 tensor), a block is one gather from a table of output values made by
-the numpy kernel for each (code, scale) pair (quant/tables.py): NVFP4 on every install,
-FP8 and int4 where the backend is numpy's (``GATHERS_TABLES``). This module is the
+the numpy kernel for each (code, scale) pair (quant/tables.py): FP8 and NVFP4 on every
+install (an FP8 block-scaled run then never imports torch: its import cost 1.5 CPU-seconds
+and 250 MB, and on this project's vm the gather makes FP8 stand-in weights at least as
+fast as torch's bands; benchmarks/README.md, "FP8 dequant end to end"), int4 where the
+backend is numpy's (``GATHERS_TABLES``). This module is the
 dispatcher: it imports the backends and the tables, and they import only the leaves
 (``layouts``, ``float_bits``, ``fp4``, ``torch_buffers``), never this module. Each decodes a block in a per-thread
 scratch buffer the size of one block: no full-size float32 copy of the tensor. NaN stays
@@ -74,12 +77,19 @@ def dequant_fp8_rows(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, *,
     _expect(len(scale_inv), layout.scale_rows(rows) * layout.scale_cols * 4, "F32 scale_inv rows")
     import numpy as np
 
+    from . import tables
+
+    if tables.fp8_worth_it(layout, rows):
+        # NaN bytes and non-finite scales are in the table, its NaNs already the quiet one:
+        # no scan of the codes for NaN bytes
+        with np_errors_ignored():
+            return memoryview(tables.fp8_block(weight, scale_inv, layout, rows, out_dtype)).toreadonly()
     codes = np.frombuffer(weight, dtype=np.uint8)
     nan = None
     if int(codes.max(initial=0)) == 0xFF or int(codes.view(np.int8).max(initial=0)) == 0x7F:  # two fast reductions
         nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)  # the NaN bytes 0x7F/0xFF
     with np_errors_ignored():  # inf and NaN scales make inf and NaN values, not errors
-        out = _fp8_block(weight, scale_inv, layout, rows, out_dtype, nan)
+        out = backend().fp8(weight, scale_inv, layout, rows, out_dtype, nan)
     return _canonical_nans(out, out_dtype, nan is not None or not _finite(scale_inv, "F32"))
 
 
@@ -194,17 +204,6 @@ def _numpy_kernels() -> Any:
     from . import numpy_kernels
 
     return numpy_kernels
-
-
-def _fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, out_dtype: str,
-               nan: np.ndarray | None) -> np.ndarray:
-    kernels = backend()
-    if kernels.GATHERS_TABLES:
-        from . import tables
-
-        if tables.fp8_worth_it(layout, rows):
-            return tables.fp8_block(weight, scale_inv, layout, rows, out_dtype)
-    return kernels.fp8(weight, scale_inv, layout, rows, out_dtype, nan)
 
 
 #: int4 blocks of at most this many values run on numpy's kernels whatever ``backend`` says:

@@ -17,10 +17,13 @@ The gather runs over bands of rows so that its index (8 bytes an element: numpy'
 uint8 indices was 1.4-2x slower) stays in cache, and writes straight into the output
 array: decode, scale and round are one lookup an element, and no float32 array of the
 block is made. numpy releases the GIL in ``take``, so blocks run on several threads
-(quant/pipeline.py). Which kernel runs where (benchmarks/README.md, "Fused kernels"): the
-NVFP4 pair gather on both installs (1.0-1.4 GB/s of bf16 a core against 0.8 for torch's
-arithmetic); the FP8 and int4 tables on numpy only (torch's arithmetic in bands is faster
-than a numpy gather there, and torch's index ops need int64 indices too).
+(quant/pipeline.py). Which kernel runs where (benchmarks/README.md, "Fused kernels" and
+"FP8 dequant end to end"): the NVFP4 pair gather on both installs (1.0-1.4 GB/s of bf16 a
+core against 0.8 for torch's arithmetic); the FP8 table on both too (on FP8 stand-in
+weights 0.55-0.77 GB/s a core against 0.52-0.71 for torch's bands, measured on one vm
+whose earlier host ran torch's at 1.4-1.9; and an FP8 run then does not import torch);
+the int4 tables on numpy only (torch's arithmetic in bands is faster than a numpy gather
+there, and torch's index ops need int64 indices too).
 """
 
 from __future__ import annotations

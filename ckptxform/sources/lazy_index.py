@@ -13,12 +13,30 @@ it: such a shard's keys are only listed, never read or written.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
 
-__all__ = ["LazyShards", "LazyTensors"]
+__all__ = ["LazyShards", "LazyTensors", "weak_loader"]
+
+
+def weak_loader(load: Callable[..., list[TensorInfo]]) -> Callable[..., list[TensorInfo]]:
+    """``load``, a checkpoint's bound method, called through a weak reference: the
+    checkpoint holds its ``LazyTensors``, and a loader holding the checkpoint made a
+    reference cycle that only the cyclic collector frees (paused over a run: every header
+    read stayed alive until it ran)."""
+    method = weakref.WeakMethod(load)  # type: ignore[arg-type]
+
+    def load_weakly(*args: Any) -> list[TensorInfo]:
+        bound = method()
+        if bound is None:
+            raise RuntimeError("the checkpoint of this index is gone: its headers cannot be read")
+        return bound(*args)
+
+    return load_weakly
 
 
 class LazyTensors(Mapping[str, TensorInfo]):
@@ -35,9 +53,10 @@ class LazyTensors(Mapping[str, TensorInfo]):
         self.weight_map = weight_map
         self._files = files
         self._load = load  # (file, the part of the weight map naming it) -> its tensors
-        self._by_file: dict[str, dict[str, str]] = {}
+        #: each file's keys, as the index lists them (its string objects)
+        self._by_file: dict[str, list[str]] = {}
         for key, file in weight_map.items():
-            self._by_file.setdefault(file, {})[key] = file
+            self._by_file.setdefault(file, []).append(key)
         #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
         self._sorted: dict[str, tuple[str, ...]] = {}
         self._shards: dict[str, dict[str, TensorInfo]] = {}
@@ -57,7 +76,7 @@ class LazyTensors(Mapping[str, TensorInfo]):
         """The keys the index assigns to ``file``, sorted (once per file); no header is read."""
         keys = self._sorted.get(file)
         if keys is None:
-            keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, {})))
+            keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, ())))
         return keys
 
     def shard(self, file: str) -> dict[str, TensorInfo]:
@@ -65,7 +84,8 @@ class LazyTensors(Mapping[str, TensorInfo]):
         if file not in self._shards:
             with self._locks.get(file) or threading.Lock():
                 if file not in self._shards:
-                    self._shards[file] = {t.key: t for t in self._load(file, self._by_file.get(file, {}))}
+                    listed = self._by_file.get(file, [])
+                    self._shards[file] = _same_names(self._load(file, dict.fromkeys(listed, file)), listed)
         return self._shards[file]
 
     def read_shards(self, files: Sequence[str], readers: int) -> None:
@@ -88,6 +108,18 @@ class LazyTensors(Mapping[str, TensorInfo]):
 
     def __len__(self) -> int:
         return len(self.weight_map)
+
+
+def _same_names(tensors: list[TensorInfo], listed: list[str]) -> dict[str, TensorInfo]:
+    """``tensors`` by key, each named by the index's string where the index lists it: the
+    header's JSON gave every name a second copy (~80 bytes a tensor, held as long as the
+    checkpoint is open)."""
+    names = {key: key for key in listed}
+    for info in tensors:
+        name = names.get(info.key)
+        if name is not None and name is not info.key and type(info) is TensorInfo:
+            object.__setattr__(info, "key", name)  # just read: nothing else holds it yet
+    return {info.key: info for info in tensors}
 
 
 class LazyShards(Checkpoint):

@@ -3,10 +3,10 @@
 ``open_local`` accepts what people have on disk (which files that is: ``local_layout``).
 Safetensors are indexed with two ``os.pread`` calls per file (a sharded checkpoint's
 shard by shard, when one of its tensors is first asked for) and read by byte range; a
-``.bin`` is a pickle, so it is loaded (memory-mapped) with ``torch.load(weights_only=True)``,
-which refuses pickled code, and then read by byte range too where torch's zip format says
-where each tensor is (``ckptxform.sources.torch_bin``). Every file read is pinned,
-so a file replaced or rewritten under the run fails it.
+``.bin`` in torch's zip format is indexed from its pickle, read with an allow-list that
+runs no pickled code, and read by byte range too; a legacy one is loaded with
+``torch.load(weights_only=True)`` (``ckptxform.sources.torch_bin``). Every file read is
+pinned, so a file replaced or rewritten under the run fails it.
 
 Example::
 
@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptxform.errors import (
     CheckpointFormatError,
@@ -35,7 +35,7 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
-from ckptxform.sources.lazy_index import LazyShards, LazyTensors
+from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import (
@@ -45,6 +45,9 @@ from ckptxform.sources.safetensors_header import (
     read_header,
 )
 from ckptxform.sources.strict_json import parse_json_object
+
+if TYPE_CHECKING:
+    from ckptxform.sources.torch_zip import StridedTensor
 
 CONFIG = "config.json"
 #: a model's config.json is a few KiB; a bound keeps a crafted one from filling memory
@@ -86,8 +89,9 @@ class LocalCheckpoint(LazyShards):
     are read with ``os.pread`` on one descriptor per file, opened at its first read; a
     sharded one's headers are read shard by shard as its tensors are asked for
     (``LazyTensors``), so a plan of two shards of a 60-shard verifier reads two headers.
-    A ``.bin`` tensor whose byte range is not known (a legacy non-zip pickle, a strided
-    view: ``offset == -1``, ``local_path`` is None) is read from the memory-mapped tensor."""
+    A ``.bin`` tensor without a byte range (``offset == -1``) is read from what torch
+    loaded (a legacy non-zip pickle: ``local_path`` is None) or gathered from its storage
+    (a strided view)."""
 
     def __init__(
         self,
@@ -100,6 +104,7 @@ class LocalCheckpoint(LazyShards):
         metadata: Mapping[str, Mapping[str, str]],
         bin_tensors: Mapping[str, Mapping[str, Any]],
         pins: Mapping[str, FilePin],
+        strided: Mapping[str, Mapping[str, StridedTensor]] | None = None,
     ) -> None:
         self.location = location
         self.name = name
@@ -114,6 +119,7 @@ class LocalCheckpoint(LazyShards):
         #: headline resolved 14,192 times, 85,853 lstat calls)
         self._resolved: dict[str, Path] = {}
         self._bin_tensors = bin_tensors
+        self._strided = strided or {}
         #: every file read so far (weight files, index, config.json), keyed by relative name
         self._pins = dict(pins)
         self._lock = threading.Lock()
@@ -141,6 +147,15 @@ class LocalCheckpoint(LazyShards):
             from ckptxform.sources.torch_bin import tensor_bytes
 
             return tensor_bytes(self._bin_tensors[info.file][info.key], start, length)
+        view = self._strided.get(info.file, {}).get(info.key)
+        if view is not None:
+            try:
+                blob = view.read(self._descriptor(info.file), start, length)
+            except OSError as exc:
+                raise _unreadable(exc, self.root / info.file, source=self.name) from None
+            if blob is None:
+                raise self._truncated(info)
+            return blob
         try:
             blob = _pread(self._descriptor(info.file), info.offset + start, length)
         except OSError as exc:
@@ -151,7 +166,7 @@ class LocalCheckpoint(LazyShards):
 
     def read_runs_into(self, info: TensorInfo, runs: Sequence[tuple[int, int]], out: memoryview,
                        at: Sequence[int]) -> None:
-        if info.file in self._bin_tensors or not runs:
+        if info.offset < 0 or not runs:
             return super().read_runs_into(info, runs, out, at)
         width = info.row_nbytes
         low, high = min(first for first, _ in runs), max(first + count for first, count in runs)
@@ -213,7 +228,7 @@ class LocalCheckpoint(LazyShards):
             for fd in self._descriptors.values():
                 os.close(fd)
             self._descriptors.clear()
-            self._bin_tensors = {}
+            self._bin_tensors, self._strided = {}, {}
 
     def raw_header(self, file: str) -> bytes:
         if file not in self.files or file in self._bin_tensors or not file.endswith(".safetensors"):
@@ -295,23 +310,24 @@ def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalChe
         ckpt = LocalCheckpoint(location=location, name=name, root=layout.root, tensors={}, files=layout.files,
                                metadata={}, bin_tensors={}, pins=pins)
         ckpt.tensors = LazyTensors(layout.weight_map, layout.files,
-                                   functools.partial(ckpt._load_shard, str(layout.index)))
+                                   functools.partial(weak_loader(ckpt._load_shard), str(layout.index)))
         return ckpt
     if layout.kind == "safetensors":
         per_file, metadata = _read_safetensors_headers(layout, pins)
         bin_tensors: dict[str, dict[str, Any]] = {}
+        strided: dict[str, dict[str, StridedTensor]] = {}
     else:
         pins.update((f, pin_path(layout.root / f)) for f in layout.files)  # before loading
-        # ctypes, pickle: for .bin/.pth only
-        from ckptxform.sources.torch_bin import bin_infos, load_torch_file, stored_offsets
+        from ckptxform.sources.torch_bin import index_bin  # zipfile, pickle: for .bin/.pth only
 
-        bin_tensors, per_file = {}, {}
+        bin_tensors, strided, per_file = {}, {}, {}
         for f in layout.files:
-            state = load_torch_file(layout.root / f)
-            offsets = stored_offsets(layout.root / f, state)
-            per_file[f] = bin_infos(f, state, offsets)
-            if offsets is None:  # read from the loaded tensors; else by range, the mapping released
-                bin_tensors[f] = state
+            indexed = index_bin(layout.root / f, f)
+            per_file[f] = indexed.infos
+            if indexed.loaded:  # torch loaded it: every tensor is read from the load
+                bin_tensors[f] = indexed.loaded
+            if indexed.strided:
+                strided[f] = indexed.strided
         metadata = {}
     if layout.weight_map is not None:
         check_index_matches_shards(
@@ -329,6 +345,7 @@ def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalChe
         metadata=metadata,
         bin_tensors=bin_tensors,
         pins=pins,
+        strided=strided,
     )
 
 

@@ -36,17 +36,17 @@ class _Unpickler(pickle.Unpickler):
 
 
 def load_restricted(blob: bytes | IO[bytes], allowed: Mapping[tuple[str, str], Any], *, label: str, what: str,
-                    persistent: Callable[[Any], Any] | None = None) -> Any:
+                    persistent: Callable[[Any], Any] | None = None,
+                    fix: str = "re-save the checkpoint with the library that writes this format") -> Any:
     """The object pickled in ``blob`` (bytes, or a file read as far as the pickle goes: a
     damaged one is refused at its first bad opcode, not after the file is read whole),
     built from ``allowed``'s stand-ins only. ``label`` (a path) and ``what`` (e.g. "a DCP
-    .metadata file") word the errors."""
+    .metadata file") word the errors; ``fix`` ends the refusal of a global."""
 
     def refuse(name: str) -> CheckpointFormatError:
         return CheckpointFormatError(
             f"{label}: the pickle names {quote(name)}, which {what} never holds; refusing to "
-            "load it (a pickle's globals can run code): re-save the checkpoint with the library "
-            "that writes this format", path=label)
+            f"load it (a pickle's globals can run code): {fix}", path=label)
 
     try:
         return _Unpickler(blob, allowed, persistent, refuse).load()

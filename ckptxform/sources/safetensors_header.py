@@ -141,6 +141,11 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
                 path=label,
                 key=key,
             )
+    # one string per shard name: JSON gives every tensor its own copy (~80 bytes a tensor,
+    # held as long as the checkpoint is open)
+    names: dict[str, str] = {}
+    for key, shard in weight_map.items():
+        weight_map[key] = names.setdefault(shard, shard)
     return weight_map
 
 

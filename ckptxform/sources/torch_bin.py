@@ -1,48 +1,66 @@
-"""PyTorch ``.bin`` checkpoints (pickled state dicts), loaded without running pickled code.
+"""PyTorch ``.bin``/``.pth`` checkpoints (pickled state dicts), read without running pickled code.
 
-``torch.load(weights_only=True)`` refuses pickled code; what it accepts is then checked to
-be a state dict of dense CPU tensors that safetensors can hold. The pickle says where no
-tensor's bytes are, but torch's zip format stores each storage raw in an entry of its own,
-which the memory-mapped load maps in file order: ``stored_offsets`` finds each tensor's
-byte range in the file from that (and checks it), so the tensors are read by range like a
-safetensors file's and the mapping is released. Where it cannot (a legacy non-zip file, a
-compressed or big-endian archive, a strided view), bytes are read from the loaded tensor.
+A file in torch's zip format (every ``torch.save`` since 1.6) is indexed without torch
+(``torch_zip``): its tensors are byte ranges of the file, read like a safetensors file's.
+A legacy non-zip pickle, or a big-endian archive, is loaded with
+``torch.load(weights_only=True)``, which refuses pickled code; what it accepts is then
+checked to be a state dict of dense CPU tensors that safetensors can hold, and its tensors
+are read from the load.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import pickle
 import re
-import struct
 import warnings
-import zipfile
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.errors import CheckpointFormatError
 from ckptxform.sources.base import TensorInfo
-from ckptxform.sources.zip_members import read_member
+from ckptxform.sources.torch_zip import NeedsTorch, StridedTensor, read_zip_state_dict
 
 
-def load_torch_file(path: Path) -> dict[str, Any]:
-    """The tensors of a pickled state dict, loaded without running pickled code."""
+@dataclass(frozen=True)
+class BinFile:
+    """One indexed ``.bin``/``.pth``: its tensors, and where those without a byte range
+    (``offset == -1``) are read from: the tensors torch loaded, or strided views."""
+
+    infos: list[TensorInfo]
+    loaded: dict[str, Any]
+    strided: dict[str, StridedTensor]
+
+
+def index_bin(path: Path, file: str) -> BinFile:
+    """The tensors of the state dict at ``path`` (``file``: its name in the checkpoint)."""
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"
+    what = "a legacy (non-zip) pickled .bin/.pth"
+    if is_zip:
+        try:
+            infos, strided = read_zip_state_dict(path, file)
+            return BinFile(infos, {}, strided)
+        except NeedsTorch as exc:
+            what = str(exc)
+    state = load_torch_file(path, what=what, is_zip=is_zip)
+    return BinFile(bin_infos(file, state), state, {})
+
+
+def load_torch_file(path: Path, *, what: str, is_zip: bool) -> dict[str, Any]:
+    """The tensors of a pickled state dict, loaded with torch without running pickled code;
+    ``what`` (e.g. "a big-endian .bin/.pth") words the error when torch is not installed."""
     from ckptxform.ops.decode import require_torch
 
-    torch = require_torch(f"{path}: a pickled .bin/.pth checkpoint")  # only torch reads the pickle
-
-    with open(path, "rb") as f:
-        # mmap needs the zip format torch.save writes since 1.6; older files load whole.
-        is_zip = f.read(4) == b"PK\x03\x04"
+    torch = require_torch(f"{path}: {what}")
     try:
         with warnings.catch_warnings():
             # torch warns about pickle protocols it "might not support"; the load
             # either succeeds or raises, and we report the failure ourselves.
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)  # mmap: zip only
     except pickle.UnpicklingError as exc:
         raise CheckpointFormatError(
             f"{path}: contains pickled code that weights_only loading refuses "
@@ -104,60 +122,10 @@ def _check_bin_entry(path: Path, key: Any, value: Any, torch: Any) -> None:
         ) from None
 
 
-def bin_infos(file: str, state: Mapping[str, Any], offsets: Mapping[str, int] | None = None) -> list[TensorInfo]:
-    """The tensors of ``file``; ``offsets`` (``stored_offsets``): where each one's bytes are
-    in the file, else -1 (read from the loaded tensor)."""
-    return [
-        TensorInfo(key, from_torch_dtype(t.dtype), tuple(t.shape), file,
-                   offsets[key] if offsets is not None else -1, t.numel() * t.element_size())
-        for key, t in state.items()
-    ]
-
-
-def stored_offsets(path: Path, state: Mapping[str, Any]) -> dict[str, int] | None:
-    """Each tensor's first byte in the zip file ``path`` that ``state`` was memory-mapped
-    from, or None when that cannot be known for every tensor.
-
-    The storages of a memory-mapped load lie in one mapping of the whole file, so each is
-    at (the mapping's address + its entry's data offset): paired in address order with the
-    archive's ``data/`` entries, every pair must agree on that base and on the size."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            entries = [e for e in archive.infolist() if e.filename.rsplit("/", 2)[-2:-1] == ["data"]]
-            order = next((read_member(archive, e, 16, label=str(path), what="a torch.save archive")
-                          for e in archive.infolist() if e.filename.endswith("/byteorder")), b"little")
-    except (OSError, zipfile.BadZipFile, CheckpointFormatError):
-        return None  # torch read it all the same: its tensors are read from the load
-    if order.strip() != b"little" or any(e.compress_type != zipfile.ZIP_STORED for e in entries):
-        return None
-    storages = {}
-    for t in state.values():
-        if not t.is_contiguous():
-            return None
-        storage = t.untyped_storage()
-        if storage.nbytes():
-            storages[storage.data_ptr()] = storage.nbytes()
-    places = sorted((_data_offset(path, e), e.file_size) for e in entries if e.file_size)
-    if len(places) != len(storages):
-        return None
-    bases = {ptr - offset for ptr, (offset, _) in zip(sorted(storages), places)}
-    if len(bases) != 1 or any(storages[ptr] != size for ptr, (_, size) in zip(sorted(storages), places)):
-        return None
-    (base,) = bases
-    return {key: (t.untyped_storage().data_ptr() - base + t.storage_offset() * t.element_size()) if t.numel() else 0
-            for key, t in state.items()}
-
-
-def _data_offset(path: Path, entry: zipfile.ZipInfo) -> int:
-    """Where ``entry``'s bytes begin: after its local header (whose extra field may differ
-    from the central directory's)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        header = os.pread(fd, 30, entry.header_offset)
-    finally:
-        os.close(fd)
-    name_length, extra_length = struct.unpack("<HH", header[26:30])
-    return entry.header_offset + 30 + name_length + extra_length
+def bin_infos(file: str, state: dict[str, Any]) -> list[TensorInfo]:
+    """The tensors of ``file`` that torch loaded as ``state``, read from the load (offset -1)."""
+    return [TensorInfo(key, from_torch_dtype(t.dtype), tuple(t.shape), file, -1, t.numel() * t.element_size())
+            for key, t in state.items()]
 
 
 def tensor_bytes(tensor: Any, start: int, length: int) -> bytes:

@@ -6,6 +6,7 @@ stride make the tensor) and ``data/0`` (the storage's bytes, little-endian). Thi
 reads the zip's directory and ``data.pkl`` (restricted: the rebuild functions and storage
 classes only) and returns the absolute file offset of the tensor's first byte, after
 checking that the record holds exactly the dtype and shape the metadata claims, contiguous.
+Its allow-list and record types also index whole state dicts (``torch_zip``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from ckptxform.sources.restricted_pickle import Named, load_restricted
 from ckptxform.sources.zip_members import read_member
 
 _WHAT = "a torch.save'd DCP chunk"
-_ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-               "int8": 1, "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1,
-               "float8_e5m2": 1, "float8_e8m0fnu": 1, "complex64": 8, "complex128": 16}
+#: bytes per element of the dtypes a torch.save record may hold, by torch's name
+ITEM_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
+              "int8": 1, "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1,
+              "float8_e5m2": 1, "float8_e8m0fnu": 1, "complex64": 8, "complex128": 16}
 #: the legacy typed storages torch.save names, by the dtype they hold
 _TYPED = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
           "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
@@ -35,45 +37,78 @@ _MAX_PICKLE = 1 << 20
 
 
 @dataclass(frozen=True)
-class _Storage:
-    dtype: str | None  # None: an UntypedStorage (bytes; the tensor names its dtype)
+class StoredStorage:
+    """A storage a record names: ``data/<key>`` of the archive, ``numel`` elements of
+    ``dtype`` (None: an UntypedStorage, ``numel`` bytes; the tensor names its dtype)."""
+
+    dtype: str | None
     key: str
     numel: int
 
 
 @dataclass(frozen=True)
-class _Tensor:
-    storage: _Storage
+class StoredTensor:
+    """A tensor a record rebuilds: a view of ``storage`` (sizes and strides in elements)."""
+
+    storage: StoredStorage
     storage_offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    dtype: str
+    dtype: str  # torch's name ("bfloat16"); "" when the record does not say
 
 
-def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> _Tensor:
-    return _Tensor(storage, storage_offset, tuple(size), tuple(stride), getattr(storage, "dtype", None) or "")
+def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> StoredTensor:
+    return StoredTensor(storage, storage_offset, tuple(size), tuple(stride), getattr(storage, "dtype", None) or "")
 
 
 def _rebuild_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
-                dtype: Any, *rest: Any) -> _Tensor:
-    return _Tensor(storage, storage_offset, tuple(size), tuple(stride), getattr(dtype, "name", ""))
+                dtype: Any, *rest: Any) -> StoredTensor:
+    return StoredTensor(storage, storage_offset, tuple(size), tuple(stride), getattr(dtype, "name", ""))
 
 
-_ALLOWED: dict[tuple[str, str], Any] = {
+def _rebuild_parameter(data: Any, *rest: Any) -> Any:
+    return data  # an nn.Parameter saved as such: its tensor
+
+
+class _OrderedDict(dict):  # type: ignore[type-arg]
+    """``collections.OrderedDict`` (a dict keeps order); a ``state_dict()``'s also carries a
+    ``_metadata`` attribute, which pickle sets on the instance."""
+
+
+#: what a record of dense tensors names: the rebuild functions, storages and dtypes
+TENSOR_GLOBALS: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor"): _rebuild_v2,
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_v2,
     ("torch._utils", "_rebuild_tensor_v3"): _rebuild_v3,
-    ("collections", "OrderedDict"): dict,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("collections", "OrderedDict"): _OrderedDict,
     ("torch.storage", "UntypedStorage"): Named("torch.storage", "UntypedStorage"),
-    **{("torch", name): Named("torch", name) for name in (*_TYPED, *_ITEM_BYTES)},
+    **{("torch", name): Named("torch", name) for name in (*_TYPED, *ITEM_BYTES)},
 }
 
 
-def _storage(pid: Any) -> _Storage:
+def stored_storage(pid: Any) -> StoredStorage:
+    """The storage of persistent id ``('storage', type, key, location, numel)``."""
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], Named)
-            and isinstance(pid[2], str) and type(pid[4]) is int):
+            and pid[1].name in (*_TYPED, "UntypedStorage") and isinstance(pid[2], str) and type(pid[4]) is int
+            and pid[4] >= 0):
         raise ValueError(f"unexpected persistent id {pid!r}")
     kind = pid[1].name
-    return _Storage(None if kind == "UntypedStorage" else _TYPED[kind], pid[2], pid[4])
+    return StoredStorage(None if kind == "UntypedStorage" else _TYPED[kind], pid[2], pid[4])
+
+
+def is_row_major(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether ``stride`` lays ``size`` out contiguously, as torch's ``is_contiguous``
+    decides (a dimension of size 1 may have any stride; an empty tensor is contiguous)."""
+    if 0 in size:
+        return True
+    step = 1
+    for dim, st in zip(reversed(size), reversed(stride)):
+        if dim != 1 and st != step:
+            return False
+        step *= dim
+    return True
 
 
 def tensor_data_offset(fd: int, offset: int, length: int, *, dtype: str, shape: tuple[int, ...],
@@ -100,12 +135,12 @@ def tensor_data_offset(fd: int, offset: int, length: int, *, dtype: str, shape: 
     if order != b"little":
         raise CheckpointFormatError(f"{label}: the chunk was saved {order!r}-endian; only little-endian "
                                     "checkpoints are read", path=label)
-    tensor = load_restricted(pickled, _ALLOWED, label=label, what=_WHAT, persistent=_storage)
-    if not isinstance(tensor, _Tensor):
+    tensor = load_restricted(pickled, TENSOR_GLOBALS, label=label, what=_WHAT, persistent=stored_storage)
+    if not isinstance(tensor, StoredTensor):
         raise CheckpointFormatError(f"{label}: the chunk's record holds a {type(tensor).__name__}, not a tensor; "
                                     "the metadata and the .distcp file disagree (save the checkpoint again)", path=label)
     _check(tensor, dtype, shape, label)
-    item = _ITEM_BYTES[dtype]
+    item = ITEM_BYTES[dtype]
     record = names.get(f"{prefix}data/{tensor.storage.key}")
     storage_bytes = tensor.storage.numel * (1 if tensor.storage.dtype is None else item)
     nbytes = item * _numel(shape)
@@ -127,18 +162,14 @@ def short_chunk(label: str, have: int, want: int) -> CheckpointFormatError:
         "or belongs to another save: copy the checkpoint again", path=label)
 
 
-def _check(tensor: _Tensor, dtype: str, shape: tuple[int, ...], label: str) -> None:
+def _check(tensor: StoredTensor, dtype: str, shape: tuple[int, ...], label: str) -> None:
     if tensor.dtype != dtype:
         raise CheckpointFormatError(f"{label}: the chunk holds {tensor.dtype or 'an unknown dtype'} but the "
                                     f"metadata says {dtype}; the checkpoint is inconsistent (save it again)", path=label)
     if tensor.size != shape:
         raise CheckpointFormatError(f"{label}: the chunk holds shape {list(tensor.size)} but the metadata says "
                                     f"{list(shape)}; the checkpoint is inconsistent (save it again)", path=label)
-    want, step = [], 1
-    for dim in reversed(shape):
-        want.append(step)
-        step *= dim
-    if _numel(shape) > 1 and any(s != w for s, w, d in zip(tensor.stride, reversed(want), shape) if d > 1):
+    if len(tensor.stride) != len(shape) or not is_row_major(shape, tensor.stride):
         raise CheckpointFormatError(f"{label}: the chunk is saved with strides {list(tensor.stride)}, not "
                                     "contiguous; save the checkpoint again", path=label)
 

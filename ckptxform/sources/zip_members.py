@@ -23,13 +23,13 @@ def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, *, 
     """The bytes of member ``info`` of ``archive`` (at most ``limit``); ``label`` (the file)
     and ``what`` ("a torch.save'd DCP chunk") word the errors."""
     if info.flag_bits & 0x1:
-        raise _damaged(label, what, f"its member {quote(info.filename)} is marked encrypted, which torch.save never "
+        raise damaged_archive(label, what, f"its member {quote(info.filename)} is marked encrypted, which torch.save never "
                                     "writes")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise _damaged(label, what, f"its member {quote(info.filename)} is compressed with method "
+        raise damaged_archive(label, what, f"its member {quote(info.filename)} is compressed with method "
                                     f"{info.compress_type}, which torch.save never writes")
     if info.file_size > limit:
-        raise _damaged(label, what, f"its member {quote(info.filename)} claims {info.file_size:,} bytes, more than "
+        raise damaged_archive(label, what, f"its member {quote(info.filename)} claims {info.file_size:,} bytes, more than "
                                     f"the {limit:,} such a record may hold")
     try:
         with archive.open(info) as member:
@@ -37,14 +37,15 @@ def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int, *, 
     except CheckpointFormatError:
         raise
     except _DAMAGED as exc:
-        raise _damaged(label, what, f"its member {quote(info.filename)} cannot be read ({type(exc).__name__}: "
+        raise damaged_archive(label, what, f"its member {quote(info.filename)} cannot be read ({type(exc).__name__}: "
                                     f"{str(exc)[:120]})") from None
     if len(data) > limit:
-        raise _damaged(label, what, f"its member {quote(info.filename)} inflates to more than the {limit:,} bytes "
+        raise damaged_archive(label, what, f"its member {quote(info.filename)} inflates to more than the {limit:,} bytes "
                                     "such a record may hold")
     return data
 
 
-def _damaged(label: str, what: str, why: str) -> CheckpointFormatError:
+def damaged_archive(label: str, what: str, why: str) -> CheckpointFormatError:
+    """The error for an archive ``label`` that is not ``what`` as torch.save writes it: ``why``."""
     return CheckpointFormatError(f"{label}: is not {what} as torch.save writes it: {why}; the file is damaged or "
                                  "hostile: copy it again from where it was saved", path=label)

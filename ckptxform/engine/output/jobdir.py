@@ -64,10 +64,18 @@ class ShardRecord:
     moved: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
+        obj = self.to_json_lazily()
+        return {**obj, "digests": [list(d) for d in self.digests], "fetches": list(self.fetches),
+                "moved": [list(m) for m in self.moved]}
+
+    def to_json_lazily(self) -> dict[str, Any]:
+        """What ``json.dump`` writes as ``to_json()``, its per-tensor pairs left tuples: as
+        lists they were ~290 bytes a tensor of a shard held at once, the peak of committing a
+        shard of many small tensors."""
         return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
-                "algorithm": self.algorithm, "digests": [list(d) for d in self.digests],
-                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": list(self.fetches),
-                "cloned": self.cloned, "moved": [list(m) for m in self.moved]}
+                "algorithm": self.algorithm, "digests": self.digests,
+                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": self.fetches,
+                "cloned": self.cloned, "moved": self.moved}
 
     @classmethod
     def from_json(cls, obj: Any) -> ShardRecord | None:
@@ -199,7 +207,7 @@ class JobDir:
             record = ShardRecord(shard.file, stat.st_size, hashlib.sha256(shard.header).hexdigest(),
                                  self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns, fetches,
                                  cloned, moved)
-            self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json())
+            self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json_lazily())
         except OSError as err:
             raise io_error("writing", self.out / shard.file, err) from None
         return record

@@ -62,10 +62,14 @@ def _copied_from(plan: Plan, sources: OpenSources) -> dict[str, tuple[str, int]]
     the layout lines these up so that the writer can clone them. From headers only (not
     from where the files are), so a local and a Hub run of one plan write the same bytes."""
     copied = {}
+    names: dict[tuple[str, str], str] = {}  # one "source:file" string a file, not one a tensor
     for o in plan.outputs:
         found = o.recipe.unchanged_copy(sources) if o.dtype == o.input_dtype else None
         if found is not None:
-            copied[o.key] = (f"{found[0]}:{found[1]}", found[2])
+            name = names.get(found[:2])
+            if name is None:
+                name = names[found[:2]] = f"{found[0]}:{found[1]}"
+            copied[o.key] = (name, found[2])
     return copied
 
 

@@ -10,9 +10,9 @@ writes no shard: it checks every shard is finished and commits OUT.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from ...errors import OutputError, SourceChangedError
 from ...log import logger
@@ -24,14 +24,14 @@ from ..output.copied_files import CopiedFile, copy_files
 from ..output.digest import RunDigest, file_digests
 from ..output.jobdir import JobDir, ShardRecord
 from ..output.outdir import OutputDir
-from ..plan.layout import OutputLayout, TensorPlacement
+from ..plan.layout import OutputLayout
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
-from ..plan.recipes import OutputPlan
 from .executors import EXECUTORS, default_jobs
 from .options import RunOptions
 from .progress import RunProgress
 from .result import ApplyResult, WrittenTensor
+from .shard_plan import forget_run_plans
 from .tasks import ShardTask, shard_tasks
 from .writer import write_index, write_json_file
 
@@ -60,7 +60,7 @@ def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, o
                 jobs: dict[str, Any] | None = None  # the ranks' runs chose theirs
             else:
                 records = job.open(layout, resume=options.resume)
-                tasks = _tasks(plan, sources, layout, job, records, range(len(layout.shards)))
+                tasks = _tasks(plan, sources, layout, job, records, range(len(layout.shards)), options)
                 jobs = _run(plan, sources, layout, tasks, records, options)
             written, copied, final = _commit(plan, sources, digest, layout, odir, job, records, started, jobs,
                                              hash_inputs=options.hash_inputs)
@@ -82,7 +82,7 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
     # other ranks write into the same job directory at the same time: touch only our shards
     records = job.open(layout, resume=options.resume, discard_others=False,
                        mine=[layout.shards[i].file for i in mine])
-    tasks = _tasks(plan, sources, layout, job, records, mine)
+    tasks = _tasks(plan, sources, layout, job, records, mine, options)
     try:
         _run(plan, sources, layout, tasks, records, options)
     except BaseException:
@@ -96,20 +96,29 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
 
 
 def _tasks(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir, records: dict[str, ShardRecord],
-           indices: range) -> list[ShardTask]:
+           indices: range, options: RunOptions) -> list[ShardTask]:
     kept = [layout.shards[i].file for i in indices if layout.shards[i].file in records]
     if kept:
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
                     job.path, len(kept), len(indices))
-    return shard_tasks(plan, sources, layout, job, [i for i in indices if layout.shards[i].file not in records])
+    todo = [i for i in indices if layout.shards[i].file not in records]
+    # tasks run by this process itself take the run plan from memory: no file to write
+    in_process = options.executor == "local" and _workers(plan, options, len(todo))[0] == 1
+    return shard_tasks(plan, sources, layout, job, todo, in_process=in_process)
+
+
+def _workers(plan: Plan, options: RunOptions, tasks: int) -> tuple[int, str]:
+    """How many processes run ``tasks`` tasks of ``plan``, and why (the audit summary's ``jobs``)."""
+    workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, tasks)
+    return min(workers, max(1, tasks)), why
 
 
 def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[ShardTask],
          records: dict[str, ShardRecord], options: RunOptions) -> dict[str, Any]:
     """Run ``tasks`` by the executor of ``options``, adding each record to ``records``; how
-    many processes ran them and why (the audit summary's ``jobs``)."""
-    workers, why = (options.jobs, "--jobs") if options.jobs else default_jobs(plan, len(tasks))
-    workers = min(workers, max(1, len(tasks)))
+    many processes ran them and why (the audit summary's ``jobs``). The run plan the tasks
+    read is freed when they are done."""
+    workers, why = _workers(plan, options, len(tasks))
     executor = EXECUTORS[options.executor](options, sources, workers)
     bar = RunProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
     by_file = {t.file: t.index for t in tasks}
@@ -124,6 +133,7 @@ def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[Sha
         bar.fetches_done()
     finally:
         bar.close()
+        forget_run_plans()
     if options.executor == "ray":
         return {"executor": "ray", "reason": "--executor ray: one task a shard on the cluster"}
     return {"executor": "local", "workers": workers, "reason": why}
@@ -168,16 +178,10 @@ def _keep_or_remove(job: JobDir, err: BaseException) -> None:
 
 def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
             records: dict[str, ShardRecord], started: Any,
-            jobs: dict[str, Any] | None, *, hash_inputs: bool) -> tuple[tuple[WrittenTensor, ...], tuple[CopiedFile, ...], Path]:
+            jobs: dict[str, Any] | None, *, hash_inputs: bool) -> tuple[Sequence[WrittenTensor], tuple[CopiedFile, ...], Path]:
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
     files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
-    algorithm = job.identity["algorithm"]
-    # one table, not one per field: a tensor's entry is held through the commit
-    made = {key: (hexdigest, how) for record in records.values()
-            for (key, hexdigest), how in zip(record.digests, record.moved, strict=True)}
-    written = tuple(sorted((_written(o, layout.placement(o.key), *made[o.key], algorithm)
-                            for o in plan.outputs), key=lambda w: w.key))
-    del made
+    written = _WrittenTable(plan, layout, records, job.identity["algorithm"])
     job.link_into(odir.tmp_path, [s.file for s in layout.shards])
     write_index(odir, layout)
     config_sha256 = None
@@ -219,12 +223,44 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     return written, copied, odir.commit()
 
 
-def _written(output: OutputPlan, place: TensorPlacement, digest: str, moved: tuple[int, int],
-             algorithm: str) -> WrittenTensor:
-    span = (place.offset, place.offset + place.nbytes) if algorithm == NO_DIGEST else None
-    cloned, copied = moved
-    return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(), algorithm, span,
-                         {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
+class _WrittenTable(Sequence[WrittenTensor]):
+    """The written tensors, by key, each made when it is asked for: as a tuple of
+    ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
+    held at once, the peak of a many-tensor run. Holds the outputs in key order and, in
+    the same order, their digests and moved bytes (the strings and pairs of the records)."""
+
+    def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
+        self._layout, self._algorithm = layout, algorithm
+        self._outputs = sorted(plan.outputs, key=lambda o: o.key)
+        made: dict[str, str] = {}
+        for record in records.values():
+            made.update(record.digests)
+        self._digests = [made[o.key] for o in self._outputs]
+        made.clear()
+        moved: dict[str, tuple[int, int]] = {}
+        for record in records.values():
+            moved.update(zip((key for key, _ in record.digests), record.moved, strict=True))
+        self._moved = [moved[o.key] for o in self._outputs]
+
+    def __len__(self) -> int:
+        return len(self._outputs)
+
+    @overload
+    def __getitem__(self, i: int) -> WrittenTensor: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[WrittenTensor, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> WrittenTensor | tuple[WrittenTensor, ...]:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        output = self._outputs[i]
+        place = self._layout.placement(output.key)
+        span = (place.offset, place.offset + place.nbytes) if self._algorithm == NO_DIGEST else None
+        cloned, copied = self._moved[i]
+        return WrittenTensor(output.key, place.file, output.shape, output.dtype, self._digests[i], output.origin(),
+                             self._algorithm, span,
+                             {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
 
 
 def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ class ApplyResult:
 
     out: Path
     plan: Plan
-    written: tuple[WrittenTensor, ...]
+    #: in key order (a sequence that makes each record when asked for, after a run)
+    written: Sequence[WrittenTensor]
     audit_path: Path
     bytes_written: int
     stale_removed: tuple[Path, ...] = ()

@@ -108,14 +108,17 @@ class RunPlan:
 
 
 def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
-               etags: Mapping[str, Mapping[str, str]]) -> RunPlan:
-    """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was planned from)."""
+               etags: Mapping[str, Mapping[str, str]], *, for_workers: bool = True) -> RunPlan:
+    """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was
+    planned from). Not ``for_workers``: only the shards and their outputs, for tasks that
+    read through ``sources`` themselves (what a worker opens and checks, ~150 bytes a
+    tensor read, is left out)."""
     by_key = {o.key: o for o in plan.outputs}
     works = {}
     for shard in shards:
         outputs = tuple(by_key[p.spec.key] for p in shard.tensors)
         reads: dict[tuple[str, str], TensorInfo] = {}
-        for out in outputs:
+        for out in outputs if for_workers else ():
             refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
             refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(sources)]
             for source, key in refs:
@@ -163,16 +166,38 @@ CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, 
               ChainMap({FILL_ROWS.verb: FILL_ROWS}, OPS))  # fill_rows: made by permute_rows, not a verb of ops:
 
 
+def keep_run_plan(job: JobDir, run: RunPlan) -> str:
+    """Hold ``run`` for this process's own tasks (``load_run_plan``) without writing it:
+    the name a saved plan would have. Encoding a run of 200,000 tensors cost ~6 s and
+    ~60 MB at once, for tasks that take it as it is; ``forget_run_plans`` frees it."""
+    name = _plan_name()
+    _LOADED.clear()
+    _IN_MEMORY.clear()
+    _IN_MEMORY[str(job.path / name)] = run
+    return name
+
+
+def forget_run_plans() -> None:
+    """Free the run plans this process holds (its tasks have run): a run's commit and
+    audit need none of it, and it is ~150 bytes a tensor."""
+    _LOADED.clear()
+    _IN_MEMORY.clear()
+
+
+def _plan_name() -> str:
+    return f"plan-{os.uname().nodename}-{os.getpid()}.json"
+
+
 def save_run_plan(job: JobDir, run: RunPlan) -> str:
     """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
     the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
-    name = f"plan-{os.uname().nodename}-{os.getpid()}.json"
+    name = _plan_name()
     # what write_json(name, {"format": 1, "plan": CODEC.encode(run)}) writes, a tensor at a time
     body = CODEC.iter_json(run, (RunPlan, ShardPlan, ShardLayout))
     path = job.write_pieces(name, _pieces('{"format": 1, "plan": ', body, "}"))
     # this process's tasks take ``run`` as it is: decoding what was just encoded cost a
     # sixth of a many-tensor rename (other processes, Ray's and --shard-of's, decode)
-    _LOADED.clear()
+    forget_run_plans()
     with contextlib.suppress(OSError):
         _LOADED[_file_key(path)] = run
     return name
@@ -192,6 +217,8 @@ def _file_key(path: Path) -> tuple[str, int, int, int, int]:
 def load_run_plan(job: JobDir, name: str) -> RunPlan:
     """The run plan saved as ``name`` in ``job`` (decoded once per process and file)."""
     path = job.path / name
+    if str(path) in _IN_MEMORY:
+        return _IN_MEMORY[str(path)]
     try:
         key = _file_key(path)
         text = path.read_bytes() if key not in _LOADED else b""
@@ -213,3 +240,5 @@ def load_run_plan(job: JobDir, name: str) -> RunPlan:
 
 
 _LOADED: dict[tuple[str, int, int, int, int], RunPlan] = {}
+#: path a saved plan would have -> the run plan of this process's own tasks, never written
+_IN_MEMORY: dict[str, RunPlan] = {}

@@ -25,7 +25,7 @@ from ..output.jobdir import JobDir, ShardRecord
 from ..plan.layout import OutputLayout
 from ..plan.planner import Plan, forbid_planning
 from ..plan.recipes import Sources
-from .shard_plan import load_run_plan, open_pinned, save_run_plan, slice_plan
+from .shard_plan import keep_run_plan, load_run_plan, open_pinned, save_run_plan, slice_plan
 from .stream import write_outputs
 from .writer import ShardWriter
 
@@ -55,12 +55,15 @@ def first_etags(sources: Sources) -> dict[str, dict[str, str]]:
 
 
 def shard_tasks(plan: Plan, sources: Sources, layout: OutputLayout, job: JobDir,
-                indices: list[int]) -> list[ShardTask]:
+                indices: list[int], *, in_process: bool = False) -> list[ShardTask]:
     """One task per shard of ``indices``, their slice of ``plan`` (read through ``sources``,
-    the open checkpoints it was planned from) saved in ``job``."""
+    the open checkpoints it was planned from) saved in ``job``, or only held in memory when
+    the tasks run ``in_process``."""
     if not indices:
         return []
-    name = save_run_plan(job, slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources)))
+    run = slice_plan(plan, sources, [layout.shards[i] for i in indices], first_etags(sources),
+                     for_workers=not in_process)
+    name = keep_run_plan(job, run) if in_process else save_run_plan(job, run)
     return [ShardTask(job, i, layout.shards[i].file, name) for i in indices]
 
 
@@ -74,12 +77,12 @@ def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], Non
     before = {name: len(ckpt.fetch_events()) for name, ckpt in sources.checkpoints.items()}
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
         write_outputs(list(work.outputs), sources, writer, progress)
-    digests = tuple((p.spec.key, writer.digest(p.spec.key)) for p in shard.tensors)
-    moved = tuple(writer.moved(p.spec.key) for p in shard.tensors)
+    digests, moved = writer.take_results()
+    cloned = writer.bytes_cloned
     # how this shard's Hub bytes were fetched (a worker's sources serve many shards)
     fetches = tuple(event for name in sorted(sources.checkpoints)
                     for event in sources.checkpoints[name].fetch_events()[before[name]:])
-    return job.commit_shard(shard, partial, digests, fetches, writer.bytes_cloned, moved)
+    return job.commit_shard(shard, partial, digests, fetches, cloned, moved)
 
 
 def run_shard(task: ShardTask, progress: Callable[[int], None] | None = None) -> ShardRecord:

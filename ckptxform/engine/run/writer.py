@@ -3,8 +3,9 @@
 ``ShardWriter`` writes the header from the layout, then the executor streams each
 tensor's bytes to its offset chunk by chunk (``pwrite``) or has the kernel copy them from
 a source file (``copy_runs``), so memory stays bounded by a chunk. Every tensor is hashed
-(BLAKE3, or sha256 on request: ckptxform.tensor_digest) from the output file, on background
-threads, while the next bytes move.
+(BLAKE3, or sha256 on request: ckptxform.tensor_digest): a chunk given to ``write`` from
+the memory ``pwrite`` copied it from, the bytes the kernel copied read back from the output
+file on background threads while the next bytes move.
 
 Example::
 
@@ -62,6 +63,14 @@ _COPY_PIECE = 16 << 20
 _INLINE_HASH = 64 << 10
 #: writes at least this big start their writeback at once (when OUT is fsynced)
 _WRITEBACK_MIN = 1 << 20
+#: a chunk given to ``write`` of at least this many bytes is hashed from the caller's memory
+#: as it is written, not read back from the file: reading 2.6 GB of dequantized bf16 back
+#: was a third of the FP8 dequant's system time (benchmarks/README.md, "FP8 dequant")
+_MEMORY_HASH_MIN = _INLINE_HASH
+#: such a chunk is hashed and written this many bytes at a time: a piece the hash has just
+#: read is still in the core's cache when pwrite copies it (hashing and writing 2 GiB of
+#: fresh 16 MiB buffers here: 4.5 CPU-seconds whole, 1.1 in 1 MiB pieces, 2.0 in 4 MiB)
+_MEMORY_HASH_PIECE = 1 << 20
 
 
 def _hash_written(hasher: Hasher, fd: int, offset: int, length: int, block: int | None) -> None:
@@ -109,6 +118,10 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
     fn = _libc_sync_file_range()
     if fn is not None:
         fn(fd, offset, length, 2)
+
+
+#: a tensor none of whose bytes were cloned or kernel-copied (every small one): one tuple for all
+_NOTHING_MOVED = (0, 0)
 
 
 class _TensorState:
@@ -190,10 +203,13 @@ class ShardWriter:
     checks every tensor was finished, waits for the hashes and writes the index; ``digest``
     is a tensor's digest (``algorithm``: one of ckptxform.tensor_digest.DIGESTS).
 
-    Every byte is hashed from the output file, read back where it landed (a cloned range:
-    from its source, see ``_hash_range``): a tensor's bytes a window at a time as they
-    arrive, on one of the hash threads (one a core; the hashers release the GIL), while the
-    next bytes move. So the digest is of what the file holds, nothing waits
+    A large chunk given to ``write`` is hashed from the caller's memory on the caller's
+    thread, just before ``pwrite`` copies those same bytes into the file (a file cut short
+    under the run is then caught by its size when the tensor is finished). Every other
+    byte is hashed from the output file, read back where it landed (a cloned range: from
+    its source, see ``_hash_range``): a tensor's bytes a window at a time as they arrive,
+    on one of the hash threads (one a core; the hashers release the GIL), while the next
+    bytes move. So the digest is of what was put in the file, nothing waits
     for a hash before ``close``, and a caller may refill its buffer as soon as ``write``
     returns. Writes into one file are serialised (a copy a piece at a time).
     """
@@ -263,12 +279,32 @@ class ShardWriter:
         view = memoryview(chunk).cast("B")
         state, offset = self._reserve(key, view.nbytes)
         file = state.placement.file
+        hasher = self._memory_hasher(state, offset, view.nbytes)
+        # hashed from memory, a piece at a time just before it is written: the hash brings
+        # the piece into the cache that pwrite then copies it from
+        step = view.nbytes if hasher is None else _MEMORY_HASH_PIECE
         try:
-            with self._file_locks[file]:
-                self._pwrite_all(self._fds[file], view, offset)
+            for at in range(0, view.nbytes, step):
+                piece = view[at:at + step]
+                if hasher is not None:
+                    hasher.update(piece)
+                with self._file_locks[file]:
+                    self._pwrite_all(self._fds[file], piece, offset + at)
         except OSError as err:
             raise self._error(file, err) from None
-        self._placed(state, offset, view.nbytes)
+        self._placed(state, offset, view.nbytes, hashed=hasher is not None)
+
+    def _memory_hasher(self, state: _TensorState, offset: int, size: int) -> Hasher | None:
+        """The hasher to feed the chunk of ``size`` bytes at ``offset`` from memory, or None to
+        hash it read back: only a large chunk that comes right after bytes already hashed
+        or handed to finished hash jobs (a tensor is written by one thread, in order; a
+        copy's bytes before it may still be queued, and the hasher takes bytes in order)."""
+        with self._lock:
+            if not self._hashing or size < _MEMORY_HASH_MIN or state.clones:
+                return None
+            if state.hashed != offset - state.placement.offset or not all(job.done() for job in state.hashes):
+                return None
+            return self._hasher(state)
 
     def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
         """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
@@ -313,10 +349,22 @@ class ShardWriter:
             state.finished = True
             if not self._hashing:
                 return
+            if place.nbytes >= _MEMORY_HASH_MIN:
+                self._check_in_file(place)
             if not state.hashes and not state.clones and state.placed - state.hashed <= _INLINE_HASH:
                 self._hash_inline(state)
             else:
                 self._hash_placed(state)
+
+    def _check_in_file(self, place: TensorPlacement) -> None:
+        """Check that the file still holds all of a finished tensor: one hashed from memory
+        is never read back, and an output cut short under the run is an error, not a digest
+        of bytes that are gone."""
+        try:
+            if os.fstat(self._fds[place.file]).st_size < place.offset + place.nbytes:
+                raise OSError(errno.EIO, "the file is shorter than what was written to it")
+        except OSError as err:
+            raise io_error("checking", self.out.out / place.file, err) from None
 
     def _hash_inline(self, state: _TensorState) -> None:
         """Hash a small tensor's bytes here, not on a hash thread (under the lock)."""
@@ -354,6 +402,18 @@ class ShardWriter:
         those the kernel copied (the rest were written from memory)."""
         state = self._tensors[key]
         return state.cloned, state.copied
+
+    def take_results(self) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[int, int], ...]]:
+        """Once closed: ``(key, digest)`` and ``moved`` of every tensor, in data order, each
+        tensor's state dropped as it is taken (this writer then answers for none): held
+        with the states, these pairs were the peak of a shard of many small tensors."""
+        digests, moved = [], []
+        for key in self.layout.placements:
+            digests.append((key, self.digest(key)))
+            pair = self.moved(key)
+            moved.append(_NOTHING_MOVED if pair == _NOTHING_MOVED else pair)
+            del self._tensors[key]
+        return tuple(digests), tuple(moved)
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
@@ -399,11 +459,14 @@ class ShardWriter:
             return state, offset
 
     def _placed(self, state: _TensorState, offset: int, size: int, clones: Sequence[Clone] = (),
-                copied: bool = False) -> None:
+                copied: bool = False, hashed: bool = False) -> None:
         """``size`` bytes of ``state``'s tensor are in the file at ``offset`` (``clones`` of
-        them cloned; the rest copied in the kernel when ``copied``, else written)."""
+        them cloned; the rest copied in the kernel when ``copied``, else written; already
+        hashed from memory when ``hashed``)."""
         with self._lock:
             state.placed += size
+            if hashed:
+                state.hashed += size
             if copied:
                 cloned = sum(clone[3] for clone in clones)
                 state.cloned += cloned

@@ -73,7 +73,7 @@ from ckptxform.sources.hub.fetch import (
 from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
 from ckptxform.sources.hub.index import load_json
 from ckptxform.sources.hub.meter import ByteCounter, expect
-from ckptxform.sources.lazy_index import LazyShards, LazyTensors
+from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
     check_shard_matches_index,
@@ -341,7 +341,7 @@ class HubCheckpoint(LazyShards):
                 index.read_bytes(), label=self._label(SAFETENSORS_INDEX), shard_suffix=".safetensors"
             )
             self.files = tuple(sorted(set(weight_map.values())))
-            self.tensors = LazyTensors(weight_map, self.files, self._shard_tensors)
+            self.tensors = LazyTensors(weight_map, self.files, weak_loader(self._shard_tensors))
             return
         if single is None:  # a PEFT adapter repo keeps its weights under another name
             single = self._header(ADAPTER_WEIGHTS, missing_ok=True)
