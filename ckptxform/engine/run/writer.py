@@ -282,7 +282,7 @@ class ShardWriter:
         hasher = self._memory_hasher(state, offset, view.nbytes)
         # hashed from memory, a piece at a time just before it is written: the hash brings
         # the piece into the cache that pwrite then copies it from
-        step = view.nbytes if hasher is None else _MEMORY_HASH_PIECE
+        step = max(view.nbytes, 1) if hasher is None else _MEMORY_HASH_PIECE  # range() needs a step
         try:
             for at in range(0, view.nbytes, step):
                 piece = view[at:at + step]
