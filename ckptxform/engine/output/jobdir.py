@@ -101,7 +101,7 @@ def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[s
     engine/output/digest.py), the output layout and the digest algorithm."""
     shape = hashlib.sha256()
     for shard in layout.shards:
-        shape.update(f"{shard.file}\0{len(shard.header)}\0".encode() + shard.header)
+        shape.update(f"{shard.file}\0{shard.header_nbytes}\0".encode() + shard.header)
     fields = run.record_fields()
     # the pins of small files are left out: a touch changes no byte and must not orphan the job
     large = set(run.large_files())
@@ -325,7 +325,7 @@ def _rehash_mismatch(path: Path, shard: ShardLayout, record: ShardRecord) -> str
     except OSError as err:
         return f"it cannot be read ({err.strerror})"
     try:
-        if os.pread(fd, len(shard.header), 0) != shard.header:
+        if os.pread(fd, shard.header_nbytes, 0) != shard.header:
             return "its header is not the plan's"
         if record.algorithm == NO_DIGEST:  # nothing to rehash: its size was checked (matches)
             return None

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -77,16 +78,30 @@ class TensorPlacement:
 
 @dataclass(frozen=True)
 class ShardLayout:
-    """One output file: its complete header (8-byte length + padded JSON) and tensors."""
+    """One output file: its complete header (8-byte length + padded JSON) and tensors;
+    made by ``ShardLayout.of``.
+
+    The header is held compressed: ~75 bytes a tensor, kept for every shard from the layout
+    to the commit, it was 15 MB of a 200,000-tensor rename's ~300 MB peak; it is asked for
+    a few times a shard (written, hashed, checked on resume)."""
 
     file: str
-    header: bytes
     tensors: tuple[TensorPlacement, ...]
     data_nbytes: int
+    header_nbytes: int
+    packed_header: bytes = field(repr=False)
+
+    @classmethod
+    def of(cls, *, file: str, header: bytes, tensors: tuple[TensorPlacement, ...], data_nbytes: int) -> ShardLayout:
+        return cls(file, tensors, data_nbytes, len(header), zlib.compress(header, 1))
+
+    @property
+    def header(self) -> bytes:
+        return zlib.decompress(self.packed_header)
 
     @property
     def file_nbytes(self) -> int:
-        return len(self.header) + self.data_nbytes
+        return self.header_nbytes + self.data_nbytes
 
 
 @dataclass(frozen=True)
@@ -261,5 +276,5 @@ def shard_layout(name: str, group: list[OutputTensorSpec], metadata: Mapping[str
     for spec in group:
         placements.append(TensorPlacement(spec=spec, file=name, offset=offset))
         offset += spec.nbytes
-    return ShardLayout(file=name, header=blob, tensors=tuple(placements), data_nbytes=start)
+    return ShardLayout.of(file=name, header=blob, tensors=tuple(placements), data_nbytes=start)
 

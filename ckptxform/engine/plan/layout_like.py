@@ -63,7 +63,7 @@ def _shard_like(file: str, group: list[OutputTensorSpec], theirs: list[TensorInf
     raw = ckpt.raw_header(file)
     if _same_list(group, theirs, len(raw)):
         placements = tuple(TensorPlacement(spec, file, info.offset) for spec, info in zip(group, theirs, strict=True))
-        return ShardLayout(file=file, header=raw, tensors=placements, data_nbytes=sum(s.nbytes for s in group))
+        return ShardLayout.of(file=file, header=raw, tensors=placements, data_nbytes=sum(s.nbytes for s in group))
     metadata = json.loads(raw[8:]).get("__metadata__")  # parsed before, strictly: a dict of strings or absent
     return shard_layout(file, group, metadata, copied_from)
 

@@ -50,7 +50,7 @@ def plan_gguf_layout(plan: Plan, sources: OpenSources) -> OutputLayout:
     for out_spec in placed:
         placements.append(TensorPlacement(spec=out_spec, file=file, offset=len(header) + offset))
         offset += -(-out_spec.nbytes // alignment) * alignment
-    return OutputLayout(shards=(ShardLayout(file=file, header=header, tensors=tuple(placements), data_nbytes=offset),),
+    return OutputLayout(shards=(ShardLayout.of(file=file, header=header, tensors=tuple(placements), data_nbytes=offset),),
                         index_file=None)
 
 
