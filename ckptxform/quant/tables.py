@@ -16,7 +16,8 @@ The gather runs over bands of rows so that its index (8 bytes an element: numpy'
 ``take`` converts any other index dtype to intp first, and fancy indexing with uint16 or
 uint8 indices was 1.4-2x slower) stays in cache, and writes straight into the output
 array: decode, scale and round are one lookup an element, and no float32 array of the
-block is made. numpy releases the GIL in ``take``, so blocks run on several threads
+block is made (FP8's index is made once a thread, the codes copied into its low bytes band
+after band: ``_fp8_index``). numpy releases the GIL in ``take``, so blocks run on several threads
 (quant/pipeline.py). Which kernel runs where (benchmarks/README.md, "Fused kernels" and
 "FP8 dequant end to end"): the NVFP4 pair gather on both installs (1.0-1.4 GB/s of bf16 a
 core against 0.8 for torch's arithmetic); the FP8 table on both too (on FP8 stand-in
@@ -70,7 +71,7 @@ def fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, ou
     ``scale_inv`` rows covering them; inputs checked by ``kernels.dequant_fp8_rows``."""
     import numpy as np
 
-    blocks, sc, bh, bw, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.block_cols, layout.cols
+    blocks, sc, bh, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.cols
     codes = np.tile(np.arange(256, dtype=np.uint8), blocks * sc)
     nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)
     table = numpy_kernels.fp8(codes, scale_inv, Fp8Block(cols=sc * 256, block_rows=1, block_cols=256), blocks,
