@@ -16,7 +16,8 @@ The gather runs over bands of rows so that its index (8 bytes an element: numpy'
 ``take`` converts any other index dtype to intp first, and fancy indexing with uint16 or
 uint8 indices was 1.4-2x slower) stays in cache, and writes straight into the output
 array: decode, scale and round are one lookup an element, and no float32 array of the
-block is made. numpy releases the GIL in ``take``, so blocks run on several threads
+block is made (FP8's index is made once a thread, the codes copied into its low bytes band
+after band: ``_fp8_index``). numpy releases the GIL in ``take``, so blocks run on several threads
 (quant/pipeline.py). Which kernel runs where (benchmarks/README.md, "Fused kernels" and
 "FP8 dequant end to end"): the NVFP4 pair gather on both installs (1.0-1.4 GB/s of bf16 a
 core against 0.8 for torch's arithmetic); the FP8 table on both too (on FP8 stand-in
@@ -29,6 +30,7 @@ there, and torch's index ops need int64 indices too).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,10 @@ Buffer = bytes | bytearray | memoryview
 #: index elements per gather (8 bytes each: 2 MiB, in the L3 cache): bands of 2**17 to 2**19
 #: all made 1.07-1.10 GB/s of bf16 (FP8), 2**15 0.8-0.95 (each call's cost)
 BAND_ELEMENTS = 1 << 18
+#: an FP8 band's values: its index (_fp8_index) is made once a thread, so the gather reads
+#: it from the core's own cache: 2**16 made 1.64 GB/s of bf16 a core, 2**17 1.37-1.55,
+#: 2**18 1.17-1.37, 2**15 1.44 (a [1152, 7168] block, best of 5, the table build included)
+FP8_BAND = 1 << 16
 
 #: the unsigned type holding one output value's bits
 _BITS = {"BF16": "<u2", "F16": "<u2", "F32": "<u4"}
@@ -65,25 +71,24 @@ def fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, ou
     ``scale_inv`` rows covering them; inputs checked by ``kernels.dequant_fp8_rows``."""
     import numpy as np
 
-    blocks, sc, bh, bw, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.block_cols, layout.cols
+    blocks, sc, bh, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.cols
     codes = np.tile(np.arange(256, dtype=np.uint8), blocks * sc)
     nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)
     table = numpy_kernels.fp8(codes, scale_inv, Fp8Block(cols=sc * 256, block_rows=1, block_cols=256), blocks,
                                out_dtype, nan).view(_BITS[out_dtype])
     quiet_nans(table, out_dtype)
     table = table.reshape(blocks, sc * 256)
-    k = layout.band_blocks(BAND_ELEMENTS)
-    # index = byte + 256 * (the block's table among those of the band)
-    row_block = np.arange(k * bh if k > 1 else 1)[:, None] // bh
-    offsets = 256 * (row_block * sc + np.arange(cols)[None, :] // bw)
+    k = layout.band_blocks(FP8_BAND)
     w = np.frombuffer(weight, dtype=np.uint8).reshape(rows, cols)
     out = np.empty((rows, cols), dtype=table.dtype)
-    for first, n, _ in layout.bands(rows, BAND_ELEMENTS):
+    index = _fp8_index(layout, k)
+    low_bytes = index.view(np.uint8).reshape(*index.shape, index.itemsize)[..., 0 if sys.byteorder == "little" else -1]
+    for first, n, _ in layout.bands(rows, FP8_BAND):
         b = first // bh
-        index = _index(n * cols).reshape(n, cols)
-        np.add(w[first:first + n], offsets[:n], out=index)
+        # the codes become the index's low bytes; the bytes above them hold the offsets
+        np.copyto(low_bytes[:n], w[first:first + n])
         # every index is in the table: nothing is clipped (``clip`` skips the bounds error path)
-        np.take(table[b:b + k].reshape(-1), index, out=out[first:first + n], mode="clip")
+        np.take(table[b:b + k].reshape(-1), index[:n], out=out[first:first + n], mode="clip")
     return out.reshape(-1).view(np.uint8)
 
 
@@ -149,6 +154,26 @@ def nvfp4_pair_table(global_scale: float, divide: bool, signed_zero: bool, out_d
 
 
 _local = threading.local()
+
+
+def _fp8_index(layout: Fp8Block, k: int) -> np.ndarray:
+    """This thread's index of an FP8 band of ``layout`` (``k`` block rows a band, or part of
+    one): ``256 * (the block's table among the band's) + byte``, the offsets made once and
+    kept, only the low bytes (the codes, written by a strided byte copy) changing from band
+    to band: adding the codes to the offsets, a uint8 + intp ufunc, took twice that copy's
+    time and more than the gather itself (benchmarks/README.md, "FP8 dequant end to end")."""
+    import numpy as np
+
+    key = (layout, k)
+    cached = getattr(_local, "fp8", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]  # type: ignore[no-any-return]
+    bh, bw, cols = layout.block_rows, layout.block_cols, layout.cols
+    n = k * bh if k > 1 else max(1, min(bh, FP8_BAND // max(1, cols)))
+    row_block = np.arange(n)[:, None] // bh
+    index = (256 * (row_block * layout.scale_cols + np.arange(cols)[None, :] // bw)).astype(np.intp)
+    _local.fp8 = (key, index)
+    return index
 
 
 def _index(n: int) -> np.ndarray:
