@@ -121,14 +121,8 @@ def test_a_one_file_source_gives_one_file(tmp_path: Path) -> None:
 
 def test_max_shard_size_packs_instead(tmp_path: Path) -> None:
     src = _source(tmp_path / "src", _FILES)
-    out = tmp_path / "one"
-    api.apply(_rule(tmp_path, "output: {max_shard_size: 1GB}\n"), out=out, sources={"model": str(src)},
-              progress=False)
-    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
-    out = tmp_path / "packed"
-    api.apply(_rule(tmp_path, "output: {max_shard_size: 1000}\n"), out=out, sources={"model": str(src)},
-              progress=False)
-    names = sorted(p.name for p in out.glob("*.safetensors"))
+    assert _written(tmp_path, src, "output: {max_shard_size: 1GB}\n", "one")[1] == ["model.safetensors"]
+    out, names = _written(tmp_path, src, "output: {max_shard_size: 1000}\n", "packed")
     sizes = [_data_sizes(out / name) for name in names]
     assert len(names) > 1 and names[0] == f"model-00001-of-{len(names):05d}.safetensors"
     for here, after in zip(sizes, [*sizes[1:], None], strict=True):
@@ -140,11 +134,16 @@ def test_max_shard_size_packs_instead(tmp_path: Path) -> None:
 def test_a_file_name_alone_names_the_one_file(tmp_path: Path) -> None:
     """What a rule that names its file (deepseek_nextn_extract, hf_llama_to_meta) writes."""
     src = _source(tmp_path / "src", _FILES)
-    out = tmp_path / "out"
-    api.apply(_rule(tmp_path, "output: {file_name: nextn.safetensors}\n"), out=out, sources={"model": str(src)},
-              progress=False)
-    assert [p.name for p in out.glob("*.safetensors")] == ["nextn.safetensors"]
+    out, names = _written(tmp_path, src, "output: {file_name: nextn.safetensors}\n", "out")
+    assert names == ["nextn.safetensors"]
     assert len(file_keys(out / "nextn.safetensors")) == 8
+
+
+def _written(tmp_path: Path, src: Path, output: str, name: str) -> tuple[Path, list[str]]:
+    """Apply the rule with ``output`` to ``src`` into ``tmp_path / name``: it and its files, sorted."""
+    out = tmp_path / name
+    api.apply(_rule(tmp_path, output), out=out, sources={"model": str(src)}, progress=False)
+    return out, sorted(p.name for p in out.glob("*.safetensors"))
 
 
 def _data_sizes(path: Path) -> list[int]:
