@@ -377,6 +377,10 @@ class BlockOp(OpDef):
     #: ``blocks`` makes any range of dim-0 indices, so a later op may read the output by
     #: rows; a chain reading one that cannot is refused at plan time
     row_sliced: ClassVar[bool] = True
+    #: every piece ``blocks`` yields is a buffer made for it that nothing touches afterwards
+    #: (a decoded block): the shard writer may hash and write it on its write thread while
+    #: the next is decoded (``ShardWriter.write(..., fresh=True)``)
+    fresh_blocks: ClassVar[bool] = False
 
     @abstractmethod
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,

@@ -83,6 +83,7 @@ class _Dequant(BlockOp):
 
 class DequantFp8Block(_Dequant):
     verb = "dequant_fp8_block"
+    fresh_blocks = True  # each block a new array (quant/tables.py, quant/kernels.py)
     description = ("FP8 e4m3 weight x float32 weight_scale_inv per quantization_config.weight_block_size "
                    "block -> bfloat16 (or dtype), round to nearest even; unquantized weights copied.")
 

@@ -11,7 +11,7 @@ from itertools import groupby
 
 from ...dtypes import DTYPE_SIZES
 from ...ops.decode import cast_bytes
-from ..plan.recipes import Chunk, OutputPlan, Piece, Sources
+from ..plan.recipes import BlockProgram, Chunk, OutputPlan, Piece, Sources
 from .writer import ShardWriter
 
 
@@ -84,18 +84,26 @@ def _write_streamed(outputs: list[OutputPlan], plan: Sources, writer: ShardWrite
     try:
         for o in outputs:
             chunks = o.recipe.stream(plan)
+            fresh = _fresh_chunks(o)
             if o.dtype != o.input_dtype:
                 chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
             for chunk in chunks:
                 if stop.is_set():
                     return
-                writer.write(o.key, chunk)
+                writer.write(o.key, chunk, fresh=fresh)
                 if progress is not None:
                     progress(len(chunk))
             writer.finish_tensor(o.key)
     except BaseException:
         stop.set()  # the copying thread stops at its next tensor
         raise
+
+
+def _fresh_chunks(o: OutputPlan) -> bool:
+    """Whether ``o``'s chunks are new buffers nothing touches once yielded (a block op's
+    with ``fresh_blocks``; a cast of them makes new bytes too): the writer hashes and writes
+    them on its write thread while the next is decoded."""
+    return isinstance(o.recipe, BlockProgram) and o.recipe.block.op.fresh_blocks
 
 
 def _prefetch(plan: Sources, outputs: list[OutputPlan]) -> None:

@@ -45,6 +45,7 @@ from ...fileio import hash_range
 from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, Hasher, check_digest, new_hasher, update_size
 from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
 from .kernel_copy import KernelCopier, truncated
+from .write_behind import WriteBehind
 from ...errors import io_error
 
 #: hash threads; each tensor is hashed on one of them, in order, so a tensor per core hashes
@@ -71,6 +72,10 @@ _MEMORY_HASH_MIN = _INLINE_HASH
 #: read is still in the core's cache when pwrite copies it (hashing and writing 2 GiB of
 #: fresh 16 MiB buffers here: 4.5 CPU-seconds whole, 1.1 in 1 MiB pieces, 2.0 in 4 MiB)
 _MEMORY_HASH_PIECE = 1 << 20
+#: fresh chunks (``write(..., fresh=True)``) handed to the write thread and not written yet,
+#: at most: the caller makes the next while the thread hashes and writes these, and
+#: waits for room past this many (memory stays bounded by a few chunks)
+_FRESH_BEHIND = 2
 
 
 def _hash_written(hasher: Hasher, fd: int, offset: int, length: int, block: int | None) -> None:
@@ -121,8 +126,8 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
 
 
 class _TensorState:
-    __slots__ = ("block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes", "lane",
-                 "placed", "placement", "written")
+    __slots__ = ("behind", "block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes",
+                 "lane", "placed", "placement", "written")
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
         self.placement = placement
@@ -131,6 +136,8 @@ class _TensorState:
         #: of the placed bytes, those cloned (shared extents) and those copied in the kernel;
         #: the rest went through ``write``
         self.cloned = self.copied = 0
+        #: its fresh chunks on the write thread, not in the file yet
+        self.behind = 0
         #: made when its first bytes are hashed, dropped once its digest is known: a hasher
         #: is ~2 KB (BLAKE3's state), held for every tensor of a shard it was most of the
         #: writer's memory at 20,000 tensors
@@ -211,6 +218,13 @@ class ShardWriter:
     bytes move. So the digest is of what was put in the file, nothing waits
     for a hash before ``close``, and a caller may refill its buffer as soon as ``write``
     returns. Writes into one file are serialised (a copy a piece at a time).
+
+    A chunk given with ``fresh=True`` (a buffer the caller made for this write and never
+    touches again, as a block op's decoded block: ``BlockOp.fresh_blocks``) is hashed and
+    written so on one write thread, in order, at most ``_FRESH_BEHIND`` chunks behind the
+    caller, which meanwhile makes the next; that tensor's ``finish_tensor`` follows its
+    chunks there. An error on that thread is raised by the caller's next ``write``,
+    ``finish_tensor``, ``digest`` or ``close``; ``digest`` and ``close`` wait for the thread.
     """
 
     def __init__(self, out: WriteTarget, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
@@ -233,6 +247,8 @@ class ShardWriter:
         self.bytes_written = 0
         #: clones where the filesystem shares extents (engine/run/kernel_copy.py)
         self._copier = KernelCopier()
+        #: the write thread of fresh chunks, made by the first one
+        self._behind: WriteBehind | None = None
 
     @property
     def bytes_cloned(self) -> int:
@@ -272,11 +288,45 @@ class ShardWriter:
         else:
             self._release()
 
-    def write(self, key: str, chunk: bytes | bytearray | memoryview) -> None:
+    def write(self, key: str, chunk: bytes | bytearray | memoryview, *, fresh: bool = False) -> None:
         """Write the next ``len(chunk)`` bytes of tensor ``key`` (the caller may reuse ``chunk``
-        once this returns)."""
+        once this returns; with ``fresh``, the caller gives ``chunk`` away: it is written
+        on the write thread, the caller must never change it)."""
         view = memoryview(chunk).cast("B")
+        if self._behind is not None:
+            self._behind.check()
         state, offset = self._reserve(key, view.nbytes)
+        if fresh:
+            if view.nbytes:
+                self._write_behind(state, offset, view)
+            return
+        self._after_behind(state)
+        self._put(state, offset, view)
+
+    def _write_behind(self, state: _TensorState, offset: int, view: memoryview) -> None:
+        """Hand a fresh chunk to the write thread (waiting while it is ``_FRESH_BEHIND`` behind)."""
+        if self._behind is None:
+            self._behind = WriteBehind(held=_FRESH_BEHIND)
+        with self._lock:
+            state.behind += 1
+        self._behind.submit(functools.partial(self._put_behind, state, offset, view), holds=True)
+
+    def _put_behind(self, state: _TensorState, offset: int, view: memoryview) -> None:
+        """On the write thread: a fresh chunk, hashed from memory as it is written."""
+        try:
+            self._put(state, offset, view)
+        finally:
+            with self._lock:
+                state.behind -= 1
+
+    def _after_behind(self, state: _TensorState) -> None:
+        """Wait for a tensor's fresh chunks before more of its bytes come another way:
+        they go into the file and its hash in order (a tensor is seldom written both ways)."""
+        if state.behind and self._behind is not None:
+            self._behind.wait()
+
+    def _put(self, state: _TensorState, offset: int, view: memoryview) -> None:
+        """Hash (when large: from memory) and write ``view`` at ``offset`` of ``state``'s tensor."""
         file = state.placement.file
         hasher = self._memory_hasher(state, offset, view.nbytes)
         # hashed from memory, a piece at a time just before it is written: the hash brings
@@ -314,6 +364,7 @@ class ShardWriter:
                 for offset, length in runs for done in range(0, length, _COPY_PIECE)]
         src_fd = self._source_fd(src)
         state, dst_offset = self._reserve(key, sum(length for _, length in runs))
+        self._after_behind(state)
         file = state.placement.file
         dst_fd = self._fds[file]
         piece: list[tuple[int, int]] = []
@@ -339,12 +390,26 @@ class ShardWriter:
             piece, size = [], 0
 
     def finish_tensor(self, key: str) -> None:
-        """Check that all of tensor ``key`` was written (its hash may still be running)."""
+        """Check that all of tensor ``key`` was written (its hash may still be running; with
+        fresh chunks still on the write thread, it is finished there after them)."""
+        if self._behind is not None:
+            self._behind.check()
         with self._lock:
             state = self._state(key)
             place = state.placement
             if state.written != place.nbytes:
                 raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected {_size(place)}", key=key)
+            behind = state.behind > 0
+        if behind:
+            assert self._behind is not None
+            self._behind.submit(functools.partial(self._finish, state), holds=False)
+        else:
+            self._finish(state)
+
+    def _finish(self, state: _TensorState) -> None:
+        """Mark a fully written tensor finished and see to its hash."""
+        with self._lock:
+            place = state.placement
             state.finished = True
             if not self._hashing:
                 return
@@ -389,6 +454,8 @@ class ShardWriter:
         if state is None:
             self.layout.placement(key)  # raises the message
             raise AssertionError(key)
+        if self._behind is not None:
+            self._behind.wait()  # it may be finishing this tensor
         if not state.finished:
             raise OutputError(f"tensor {key!r} is not finished yet", key=key)
         if not state.digest and self._hashing:
@@ -426,6 +493,8 @@ class ShardWriter:
         if self._closed:
             return
         try:
+            if self._behind is not None:
+                self._behind.wait()
             unfinished = [k for k, s in self._tensors.items() if not s.finished]
             if unfinished:
                 detail = "; ".join(f"{k!r} {self._tensors[k].written} of "
@@ -557,6 +626,8 @@ class ShardWriter:
 
     def _release(self) -> None:
         self._closed = True
+        if self._behind is not None:  # before the files it writes are closed
+            self._behind.stop()
         for lane in self._lanes:
             lane.shutdown(wait=True, cancel_futures=True)
         for fd in (*self._fds.values(), *self._src_fds.values()):
