@@ -34,6 +34,11 @@ _OUT_DTYPES = ("bfloat16", "float16", "float32")
 #: ~2.0 system seconds and 85 MB at 2 MiB against ~3.0 s and 180-190 MB at the plan's
 #: 16 MiB (benchmarks/README.md, "FP8 dequant end to end")
 FP8_CHUNK_BYTES = 2 << 20
+#: FP8 blocks decoded at once: one, on two cores, since the writer's write thread hashes
+#: and writes each block (fresh_blocks) while the next decodes; two made the 1 GB
+#: FP8 apply 3.63x cp -r of its output, 5.4 CPU-s, 99 MB, one 3.27x, 4.6 CPU-s, 79 MB
+#: (7 interleaved runs each, load ~3: benchmarks/README.md, "FP8 dequant end to end")
+FP8_WORKERS = 1
 _Parsed = TypeVar("_Parsed")
 _ARGS = {"type": "object", "additionalProperties": False, "required": ["over"],
          "properties": {"over": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
@@ -138,7 +143,7 @@ class DequantFp8Block(_Dequant):
                 s = scale.read(start // bh * scale_row, layout.scale_rows(count) * scale_row)
                 yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), start,
                                scale=s, scale_dtype="F32", largest_code=448.0, e4m3_codes=w)
-        return _trimmed(in_order(tasks()), rows, first, cols * DTYPE_SIZES[out_dtype])
+        return _trimmed(in_order(tasks(), FP8_WORKERS), rows, first, cols * DTYPE_SIZES[out_dtype])
 
 
 class DequantInt4(_Dequant):
