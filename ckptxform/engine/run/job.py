@@ -227,20 +227,21 @@ class _WrittenTable(Sequence[WrittenTensor]):
     """The written tensors, by key, each made when it is asked for: as a tuple of
     ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
     held at once, the peak of a many-tensor run. Holds the outputs in key order and, in
-    the same order, their digests and moved bytes (the strings and pairs of the records)."""
+    the same order, their binary digests in one bytearray (hex when a record is made) and
+    moved bytes (the pairs of the records)."""
 
     def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
         self._layout, self._algorithm = layout, algorithm
         self._outputs = sorted(plan.outputs, key=lambda o: o.key)
-        made: dict[str, str] = {}
+        position = {o.key: i for i, o in enumerate(self._outputs)}
+        self._width = next((len(r.digests.raw(0)) for r in records.values() if len(r.digests)), 0)
+        self._digests = bytearray(self._width * len(self._outputs))
+        self._moved: list[tuple[int, int]] = [(0, 0)] * len(self._outputs)
         for record in records.values():
-            made.update(record.digests)
-        self._digests = [made[o.key] for o in self._outputs]
-        made.clear()
-        moved: dict[str, tuple[int, int]] = {}
-        for record in records.values():
-            moved.update(zip((key for key, _ in record.digests), record.moved, strict=True))
-        self._moved = [moved[o.key] for o in self._outputs]
+            for j, (key, moved) in enumerate(zip(record.digests.keys, record.moved, strict=True)):
+                i = position[key]
+                self._digests[i * self._width:(i + 1) * self._width] = record.digests.raw(j)
+                self._moved[i] = moved
 
     def __len__(self) -> int:
         return len(self._outputs)
@@ -258,7 +259,8 @@ class _WrittenTable(Sequence[WrittenTensor]):
         place = self._layout.placement(output.key)
         span = (place.offset, place.offset + place.nbytes) if self._algorithm == NO_DIGEST else None
         cloned, copied = self._moved[i]
-        return WrittenTensor(output.key, place.file, output.shape, output.dtype, self._digests[i], output.origin(),
+        digest = self._digests[i * self._width:(i + 1) * self._width].hex()
+        return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(),
                              self._algorithm, span,
                              {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
 
