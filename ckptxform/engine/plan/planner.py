@@ -164,12 +164,26 @@ def _matched_sources(rules: RuleSet) -> list[str]:
     return [rules.convert, *dict.fromkeys(r.source for r in rules.tensors if r.source and r.source != rules.convert)]
 
 
+@dataclass(frozen=True, slots=True)
+class _RuleRead:
+    """A rule's output read from ``source``'s tensor ``key``, as messages name what writes it:
+    made into text only for a message (as a str it was ~140 bytes an output while planning)."""
+
+    rule: TensorRule
+    source: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.rule.label} (from {self.source}:{printable(self.key)})"
+
+
 class _Planner:
     def __init__(self, rules: RuleSet, checkpoints: dict[str, Checkpoint]) -> None:
         self.rules = rules
         self.ckpts = checkpoints
         self.outputs: dict[str, OutputPlan] = {}
-        self.producer: dict[str, str] = {}
+        #: what writes each output key, for messages (its str(): ``tensors[0] (rules.yaml:6) (from model:x)``)
+        self.producer: dict[str, str | _RuleRead] = {}
         self.records: dict[tuple[str, str], TensorRecord] = {}
         self.files_opened: dict[str, set[str]] = {}
         self.warnings: list[str] = []
@@ -258,7 +272,7 @@ class _Planner:
         self.records[(source, info.key)] = TensorRecord(
             source, info.key, action, target, info.shape, info.dtype, rule, reason)
 
-    def _add_output(self, out: OutputPlan, producer: str) -> None:
+    def _add_output(self, out: OutputPlan, producer: str | _RuleRead) -> None:
         why = key_problem(out.key)
         if why is not None:
             raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
@@ -385,8 +399,7 @@ class _Planner:
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short,
                                         loaded=source == self.rules.convert and planned.recipe.carries_bytes_of(source)),
-                             f"{rule.label}" + (f" (from {source}:{printable(planned.members[0].key)})"
-                                                 if planned.members else ""))
+                             _RuleRead(rule, source, planned.members[0].key) if planned.members else rule.label)
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)
         actions = {step.op.action for step in rule.ops}

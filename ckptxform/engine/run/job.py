@@ -10,6 +10,7 @@ writes no shard: it checks every shard is finished and commits OUT.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -227,21 +228,22 @@ class _WrittenTable(Sequence[WrittenTensor]):
     """The written tensors, by key, each made when it is asked for: as a tuple of
     ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
     held at once, the peak of a many-tensor run. Holds the outputs in key order and, in
-    the same order, their binary digests in one bytearray (hex when a record is made) and
-    moved bytes (the pairs of the records)."""
+    the same order, where each one's digest and moved bytes are in the shard records
+    (record and place, 8 bytes a tensor; its digest's hex is made with its record)."""
 
     def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
         self._layout, self._algorithm = layout, algorithm
         self._outputs = sorted(plan.outputs, key=lambda o: o.key)
+        self._records = tuple(records.values())
         position = {o.key: i for i, o in enumerate(self._outputs)}
-        self._width = next((len(r.digests.raw(0)) for r in records.values() if len(r.digests)), 0)
-        self._digests = bytearray(self._width * len(self._outputs))
-        self._moved: list[tuple[int, int]] = [(0, 0)] * len(self._outputs)
-        for record in records.values():
-            for j, (key, moved) in enumerate(zip(record.digests.keys, record.moved, strict=True)):
-                i = position[key]
-                self._digests[i * self._width:(i + 1) * self._width] = record.digests.raw(j)
-                self._moved[i] = moved
+        #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
+        self._found = array("Q", bytes(8 * len(self._outputs)))
+        for r, record in enumerate(self._records):
+            if len(record.moved) != len(record.digests):
+                raise ValueError(f"the record of {record.file} has {len(record.moved)} moved pairs "
+                                 f"for {len(record.digests)} digests")
+            for j, key in enumerate(record.digests.keys):
+                self._found[position[key]] = r << 32 | j
 
     def __len__(self) -> int:
         return len(self._outputs)
@@ -258,8 +260,9 @@ class _WrittenTable(Sequence[WrittenTensor]):
         output = self._outputs[i]
         place = self._layout.placement(output.key)
         span = (place.offset, place.offset + place.nbytes) if self._algorithm == NO_DIGEST else None
-        cloned, copied = self._moved[i]
-        digest = self._digests[i * self._width:(i + 1) * self._width].hex()
+        record, j = self._records[self._found[i] >> 32], self._found[i] & 0xFFFFFFFF
+        cloned, copied = record.moved[j]
+        digest = record.digests.raw(j).hex()
         return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(),
                              self._algorithm, span,
                              {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
