@@ -51,6 +51,8 @@ class Hasher(Protocol):
 
     def hexdigest(self) -> str: ...
 
+    def digest(self) -> bytes: ...
+
 
 def check_digest(algorithm: str) -> str:
     """``algorithm`` when it is one of DIGEST_CHOICES; a UsageError naming them otherwise."""

@@ -237,6 +237,23 @@ def test_a_record_of_an_earlier_format_is_not_kept(rules: Path, standins: Headli
     assert files(out) == reference
 
 
+@pytest.mark.parametrize("digest", ["zz" * 32, "ab" * 31, "AB" * 32])
+def test_a_record_whose_digest_is_not_lowercase_hex_of_its_width_is_not_kept(
+        digest: str, rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
+    """Records hold digests binary: one that does not read back as the hex it was written as
+    (not hex, another width, upper case) is not a record, and its shard is written again."""
+    out = tmp_path / "out"
+    job, finished = interrupted(command(rules, standins, out, "--jobs", "1"), out, 3)
+    record = sorted(job.glob("*.record.json"))[0]
+    fields = json.loads(record.read_text())
+    fields["digests"][0][1] = digest
+    record.write_text(json.dumps(fields))
+    again = run(command(rules, standins, out, "--json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["shards_kept"] == finished - 1
+    assert files(out) == reference
+
+
 def test_a_worker_killed_mid_run_is_one_clean_error_and_the_rerun_finishes(
         rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "out"

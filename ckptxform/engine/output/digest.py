@@ -250,7 +250,10 @@ def _canonical(value: Any) -> Any:
         return value
     names = _FIELDS.get(kind)
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(value) if f.name not in _POSITIONS)
+        # a field held in another form is hashed as the attribute that reads it (a record's reason)
+        read_as = getattr(kind, "DIGEST_AS", {})
+        names = _FIELDS[kind] = tuple(read_as.get(f.name, f.name) for f in dataclasses.fields(value)
+                                      if f.name not in _POSITIONS)
     if names is not None:
         out = {"type": kind.__name__}
         for name in names:

@@ -34,6 +34,7 @@ from ...fileio import hash_range
 from ...tensor_digest import NO_DIGEST, new_hasher
 from ...log import logger
 from .digest import RunDigest, changes
+from .digest_table import TensorDigests
 from ..plan.layout import OutputLayout, ShardLayout
 from ...errors import io_error
 
@@ -50,8 +51,8 @@ class ShardRecord:
     size: int
     header_sha256: str
     algorithm: str
-    #: ``(key, hex digest)`` of every tensor, in file order
-    digests: tuple[tuple[str, str], ...]
+    #: ``(key, hex digest)`` of every tensor, in file order (held binary)
+    digests: TensorDigests
     #: the shard file's inode and modification time when it was committed
     inode: int
     mtime_ns: int
@@ -73,7 +74,7 @@ class ShardRecord:
         lists they were ~290 bytes a tensor of a shard held at once, the peak of committing a
         shard of many small tensors."""
         return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
-                "algorithm": self.algorithm, "digests": self.digests,
+                "algorithm": self.algorithm, "digests": tuple(self.digests),
                 "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": self.fetches,
                 "cloned": self.cloned, "moved": self.moved}
 
@@ -82,7 +83,8 @@ class ShardRecord:
         """The record ``obj`` describes, or None when it is not a well-formed record."""
         try:
             record = cls(obj["file"], obj["size"], obj["header_sha256"], obj["algorithm"],
-                         tuple((key, digest) for key, digest in obj["digests"]), obj["inode"], obj["mtime_ns"],
+                         TensorDigests.from_pairs((key, digest) for key, digest in obj["digests"]), obj["inode"],
+                         obj["mtime_ns"],
                          tuple(dict(event) for event in obj["fetches"]), obj["cloned"],
                          tuple((cloned, copied) for cloned, copied in obj["moved"]))
         except (KeyError, TypeError, ValueError):
@@ -92,7 +94,7 @@ class ShardRecord:
     def matches(self, shard: ShardLayout, algorithm: str) -> bool:
         return (self.file == shard.file and self.size == shard.file_nbytes and self.algorithm == algorithm
                 and self.header_sha256 == hashlib.sha256(shard.header).hexdigest()
-                and [key for key, _ in self.digests] == [p.spec.key for p in shard.tensors])
+                and list(self.digests.keys) == [p.spec.key for p in shard.tensors])
 
 
 def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[str, Any]:
@@ -194,7 +196,7 @@ class JobDir:
     def _pattern(self) -> re.Pattern[str]:
         return re.compile(re.escape(f".{self.out.name}.ckptxform-job-") + "[0-9a-f]{16}")
 
-    def commit_shard(self, shard: ShardLayout, partial: Path, digests: tuple[tuple[str, str], ...],
+    def commit_shard(self, shard: ShardLayout, partial: Path, digests: TensorDigests,
                      fetches: tuple[dict[str, Any], ...], cloned: int = 0,
                      moved: tuple[tuple[int, int], ...] = ()) -> ShardRecord:
         """Flush the written ``partial`` file, rename it into the job directory, then record it."""

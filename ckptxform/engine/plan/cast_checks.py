@@ -25,7 +25,7 @@ _QUANTIZED_STORAGE = {"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"}
 
 
 def check_quantized_casts(rules: RuleSet, ckpts: Mapping[str, Checkpoint], outputs: Mapping[str, OutputPlan],
-                          producers: Mapping[str, str]) -> None:
+                          producers: Mapping[str, object]) -> None:
     for key in sorted(outputs):
         out = outputs[key]
         if out.input_dtype not in _QUANTIZED_STORAGE or out.dtype == out.input_dtype or not is_float(out.dtype):

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from ckptxform.dtypes import DTYPE_SIZES, nbytes
 from ckptxform.errors import OutputError, PlanError, UsageError
@@ -38,6 +38,37 @@ CLONE_BLOCK = 4096
 _DEFAULT_METADATA: Mapping[str, str] = MappingProxyType({"format": "pt"})
 
 
+class TensorSpec(Protocol):
+    """What the layout needs of an output tensor: an ``OutputTensorSpec``, or the plan's
+    ``OutputPlan`` itself (a copy of its key, dtype and shape was 56 bytes a tensor)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+def check_spec(spec: TensorSpec) -> None:
+    """A PlanError when ``spec`` cannot be a safetensors tensor (a reserved name, an
+    unknown dtype, a negative dimension)."""
+    if not spec.key or spec.key == "__metadata__":
+        raise PlanError(f"output tensor name {spec.key!r} is reserved by safetensors; "
+                        "rename it in the rule file", key=spec.key)
+    if spec.dtype not in DTYPE_SIZES:
+        raise PlanError(f"output tensor {spec.key!r}: unknown dtype {spec.dtype!r} "
+                        f"(known: {', '.join(DTYPE_SIZES)})", key=spec.key)
+    if any(not isinstance(d, int) or d < 0 for d in spec.shape):
+        raise PlanError(f"output tensor {spec.key!r}: invalid shape {list(spec.shape)}; "
+                        "dimensions must be non-negative integers", key=spec.key)
+
+
 @dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class OutputTensorSpec:
     """One output tensor as the plan knows it before any byte is read."""
@@ -47,15 +78,7 @@ class OutputTensorSpec:
     shape: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if not self.key or self.key == "__metadata__":
-            raise PlanError(f"output tensor name {self.key!r} is reserved by safetensors; "
-                            "rename it in the rule file", key=self.key)
-        if self.dtype not in DTYPE_SIZES:
-            raise PlanError(f"output tensor {self.key!r}: unknown dtype {self.dtype!r} "
-                            f"(known: {', '.join(DTYPE_SIZES)})", key=self.key)
-        if any(not isinstance(d, int) or d < 0 for d in self.shape):
-            raise PlanError(f"output tensor {self.key!r}: invalid shape {list(self.shape)}; "
-                            "dimensions must be non-negative integers", key=self.key)
+        check_spec(self)
         object.__setattr__(self, "shape", tuple(self.shape))
 
     @property
@@ -67,7 +90,7 @@ class OutputTensorSpec:
 class TensorPlacement:
     """Where one tensor's bytes go: ``offset`` is absolute in ``file``."""
 
-    spec: OutputTensorSpec
+    spec: TensorSpec
     file: str
     offset: int
 
@@ -146,7 +169,7 @@ class OutputLayout:
 
 
 def plan_layout(
-    specs: Sequence[OutputTensorSpec],
+    specs: Sequence[TensorSpec],
     *,
     max_shard_size: int | None,
     file_name: str = "model.safetensors",
@@ -174,7 +197,7 @@ def plan_layout(
 
 
 def layout_in_groups(
-    groups: Sequence[Sequence[OutputTensorSpec]],
+    groups: Sequence[Sequence[TensorSpec]],
     *,
     file_name: str = "model.safetensors",
     metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
@@ -208,10 +231,10 @@ def layout_in_groups(
     return OutputLayout(shards=shards, index_file=index_file)
 
 
-def _pack(specs: Sequence[OutputTensorSpec], limit: int | None) -> list[list[OutputTensorSpec]]:
+def _pack(specs: Sequence[TensorSpec], limit: int | None) -> list[list[TensorSpec]]:
     """Greedy, order-keeping packing; always at least one (possibly empty) group. A tensor
     over the limit lands alone: it starts a group, and the group is then over the limit."""
-    groups: list[list[OutputTensorSpec]] = [[]]
+    groups: list[list[TensorSpec]] = [[]]
     size = 0
     for spec in specs:
         if limit is not None and groups[-1] and size + spec.nbytes > limit:
@@ -222,12 +245,12 @@ def _pack(specs: Sequence[OutputTensorSpec], limit: int | None) -> list[list[Out
     return groups
 
 
-def _source_order(group: list[OutputTensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> list[OutputTensorSpec]:
+def _source_order(group: list[TensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> list[TensorSpec]:
     """The tensors copied unchanged first, in source file and offset order, then the rest in plan order."""
     return sorted(group, key=lambda spec: (0, *copied_from[spec.key]) if spec.key in copied_from else (1, "", 0))
 
 
-def _header_pad(text_len: int, group: list[OutputTensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> int:
+def _header_pad(text_len: int, group: list[TensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> int:
     """Spaces after a header of ``text_len`` JSON bytes: the least that starts the data
     8-aligned, as the library does, or, when tensors of ``group`` have phases, the pad that
     puts the most of their bytes at their source's offset modulo CLONE_BLOCK (ties: the smaller pad). Those
@@ -243,7 +266,7 @@ def _header_pad(text_len: int, group: list[OutputTensorSpec], copied_from: Mappi
     return max(votes, key=lambda pad: (votes[pad], -pad)) if votes else -(8 + text_len) % 8
 
 
-def _header_text(group: list[OutputTensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
+def _header_text(group: list[TensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
     """``json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()`` of the
     header of ``group`` (and the data bytes), made an entry at a time: the whole header as
     a dict of dicts and lists was ~400 bytes a tensor held at once, the peak of laying out
@@ -260,7 +283,7 @@ def _header_text(group: list[OutputTensorSpec], metadata: Mapping[str, str] | No
     return ("{" + ",".join(parts) + "}").encode(), start
 
 
-def shard_layout(name: str, group: list[OutputTensorSpec], metadata: Mapping[str, str] | None,
+def shard_layout(name: str, group: list[TensorSpec], metadata: Mapping[str, str] | None,
                  copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
     """One output file of ``group``'s tensors, in that order, its header padded to line up
     the unchanged copies among them (``copied_from``) with their source files."""

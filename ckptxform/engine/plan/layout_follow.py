@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...sources.model_parallel import ModelParallelCheckpoint
-from .layout import OutputTensorSpec
+from .layout import TensorSpec
 from .opened import OpenSources
 from .planner import Plan
 
@@ -30,7 +30,7 @@ _HF_WEIGHT_FILES = (".safetensors", ".bin")
 
 
 def source_file_groups(plan: Plan, sources: OpenSources,
-                       specs: Sequence[OutputTensorSpec]) -> list[list[OutputTensorSpec]] | None:
+                       specs: Sequence[TensorSpec]) -> list[list[TensorSpec]] | None:
     """``specs`` (one per ``plan.outputs``, in order) grouped by the converted source's file
     each is made from, in that source's file order (see the module's docstring); None when
     the converted source is not Hugging Face weight files, and then the caller packs."""
@@ -41,7 +41,7 @@ def source_file_groups(plan: Plan, sources: OpenSources,
         return None
     order = {file: n for n, file in enumerate(ckpt.files)}
     last = len(ckpt.files) - 1
-    groups: dict[int, list[OutputTensorSpec]] = {}
+    groups: dict[int, list[TensorSpec]] = {}
     for output, spec in zip(plan.outputs, specs, strict=True):
         home = last
         for ref in output.recipe.inputs:

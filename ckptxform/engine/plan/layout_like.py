@@ -23,13 +23,13 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import PlanError
 from ...sources.base import Checkpoint, TensorInfo
-from .layout import OutputLayout, OutputTensorSpec, ShardLayout, TensorPlacement, shard_layout
+from .layout import OutputLayout, TensorSpec, ShardLayout, TensorPlacement, shard_layout
 
 #: where the index of a sharded output goes (what transformers looks for)
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def plan_layout_like(specs: Sequence[OutputTensorSpec], *, source: str, ckpt: Checkpoint,
+def plan_layout_like(specs: Sequence[TensorSpec], *, source: str, ckpt: Checkpoint,
                      copied_from: Mapping[str, tuple[str, int]] | None = None) -> OutputLayout:
     """Lay out ``specs`` in the files of ``ckpt`` (source ``source`` of the rule file): see
     the module's docstring. ``copied_from`` as for ``plan_layout`` (a new header lines its
@@ -46,7 +46,7 @@ def plan_layout_like(specs: Sequence[OutputTensorSpec], *, source: str, ckpt: Ch
     listed = {file: ckpt.tensors_of_file(file) for file in files}
     home = {info.key: (n, pos) for n, file in enumerate(files) for pos, info in enumerate(listed[file])}
     last = len(files) - 1
-    groups: dict[int, list[tuple[tuple[int, int], OutputTensorSpec]]] = {}
+    groups: dict[int, list[tuple[tuple[int, int], TensorSpec]]] = {}
     for order, spec in enumerate(specs):
         n, pos = home.get(spec.key, (last, len(home) + order))  # a new key: the last file, after its own
         groups.setdefault(n, []).append(((pos, order), spec))
@@ -57,7 +57,7 @@ def plan_layout_like(specs: Sequence[OutputTensorSpec], *, source: str, ckpt: Ch
     return OutputLayout(shards=tuple(shards), index_file=INDEX_FILE if len(files) > 1 else None)
 
 
-def _shard_like(file: str, group: list[OutputTensorSpec], theirs: list[TensorInfo], ckpt: Checkpoint,
+def _shard_like(file: str, group: list[TensorSpec], theirs: list[TensorInfo], ckpt: Checkpoint,
                 copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
     """``file`` of the output: the source file's header when ``group`` is its tensor list, else a new one."""
     raw = ckpt.raw_header(file)
@@ -68,7 +68,7 @@ def _shard_like(file: str, group: list[OutputTensorSpec], theirs: list[TensorInf
     return shard_layout(file, group, metadata, copied_from)
 
 
-def _same_list(group: list[OutputTensorSpec], theirs: list[TensorInfo], data_start: int) -> bool:
+def _same_list(group: list[TensorSpec], theirs: list[TensorInfo], data_start: int) -> bool:
     """Whether ``group`` is ``theirs`` (in offset order) tensor for tensor, and ``theirs`` is
     packed from the end of the header on without a gap, so their offsets are the output's."""
     if len(group) != len(theirs):

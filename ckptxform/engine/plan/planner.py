@@ -31,13 +31,16 @@ from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
 from .output_checks import gguf_output_problem, key_problem, tie_problem, value_problem
-from .recipes import CopyTensor, OutputPlan, SourceRecord, TensorRecord, VocabField
+from .recipes import CopyTensor, OutputPlan, SourceRecord, TargetReason, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
 from .unread_shards import complete_unread_records, source_tensors, unread_record
 from .vocab_maps import read_vocab_map
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+#: the reasons of a rule's tensors, made from their targets when the audit is written
+_RENAMED_TO = TargetReason("matched, renamed to ")
+_MATCHED_TO = TargetReason("matched -> ")
 
 
 @dataclass
@@ -161,12 +164,26 @@ def _matched_sources(rules: RuleSet) -> list[str]:
     return [rules.convert, *dict.fromkeys(r.source for r in rules.tensors if r.source and r.source != rules.convert)]
 
 
+@dataclass(frozen=True, slots=True)
+class _RuleRead:
+    """A rule's output read from ``source``'s tensor ``key``, as messages name what writes it:
+    made into text only for a message (as a str it was ~140 bytes an output while planning)."""
+
+    rule: TensorRule
+    source: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.rule.label} (from {self.source}:{printable(self.key)})"
+
+
 class _Planner:
     def __init__(self, rules: RuleSet, checkpoints: dict[str, Checkpoint]) -> None:
         self.rules = rules
         self.ckpts = checkpoints
         self.outputs: dict[str, OutputPlan] = {}
-        self.producer: dict[str, str] = {}
+        #: what writes each output key, for messages (its str(): ``tensors[0] (rules.yaml:6) (from model:x)``)
+        self.producer: dict[str, str | _RuleRead] = {}
         self.records: dict[tuple[str, str], TensorRecord] = {}
         self.files_opened: dict[str, set[str]] = {}
         self.warnings: list[str] = []
@@ -237,12 +254,14 @@ class _Planner:
         return info
 
     def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
-                rule: str | None, reason: str) -> None:
+                rule: str | None, reason: str | TargetReason) -> None:
         """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
         earlier = self.records.get((source, info.key))
         if earlier is not None:
             if action == "unused":
                 return
+            if isinstance(reason, TargetReason):  # said of this target, which may not be the one kept
+                reason = reason.text(target)
             if earlier.action != "vocab" and (earlier.target is not None or target is None):
                 # Used twice (e.g. lends missing rows and is also copied whole by `add`):
                 # keep the verdict that names an output, and say both.
@@ -253,7 +272,7 @@ class _Planner:
         self.records[(source, info.key)] = TensorRecord(
             source, info.key, action, target, info.shape, info.dtype, rule, reason)
 
-    def _add_output(self, out: OutputPlan, producer: str) -> None:
+    def _add_output(self, out: OutputPlan, producer: str | _RuleRead) -> None:
         why = key_problem(out.key)
         if why is not None:
             raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
@@ -370,7 +389,7 @@ class _Planner:
         unchanged: set[str] = set()
         #: what the ops said of the members they changed (a permutation's rows)
         said: dict[str, str] = {}
-        chain = "; ".join(step.op.describe(step.args) for step in rule.ops)
+        chain = TargetReason("; ".join(step.op.describe(step.args) for step in rule.ops) + " -> ")
         for planned in plan_rule(rule, source, members, self._references(source), self):
             if planned.unchanged:
                 unchanged.update(info.key for info in planned.members)
@@ -380,8 +399,7 @@ class _Planner:
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short,
                                         loaded=source == self.rules.convert and planned.recipe.carries_bytes_of(source)),
-                             f"{rule.label}" + (f" (from {source}:{printable(planned.members[0].key)})"
-                                                 if planned.members else ""))
+                             _RuleRead(rule, source, planned.members[0].key) if planned.members else rule.label)
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)
         actions = {step.op.action for step in rule.ops}
@@ -394,19 +412,24 @@ class _Planner:
             if rule.ops and info.key not in unchanged:
                 action = actions.pop() if len(actions) == 1 else "transformed"
                 actions.add(action)
-                reason = said.get(info.key) or f"{chain} -> " + ", ".join(map(repr, outs))
+                reason: str | TargetReason = said.get(info.key) or chain
             else:
                 action = "renamed" if outs != [info.key] else "loaded"
                 if rule.template is not None:
-                    reason = "matched -> " + ", ".join(map(repr, outs))
+                    reason = _MATCHED_TO
                 else:  # a match rule's wording, as the audit has always put it
-                    reason = "matched" + (f", renamed to {outs[0]!r}" if action == "renamed" else "")
+                    reason = "matched" if action != "renamed" else (
+                        _RENAMED_TO if len(outs) == 1 else f"matched, renamed to {outs[0]!r}")
                     action = "cast" if action == "loaded" and dtype != info.dtype else action
+            target = outs[0] if len(outs) == 1 else tuple(outs)
+            more = ""
             if rule.ops and info.key in unchanged:  # an op that passed it through may say why (quantize's ignore)
-                reason += "".join(f"; {why}" for step in rule.ops if (why := step.op.kept_reason(step.args, info.key)))
+                more += "".join(f"; {why}" for step in rule.ops if (why := step.op.kept_reason(step.args, info.key)))
             if dtype != info.dtype:
-                reason += f", cast {info.dtype} -> {dtype}"
-            self._record(source, info, action, outs[0] if len(outs) == 1 else tuple(outs), rule.where.short, reason)
+                more += f", cast {info.dtype} -> {dtype}"
+            if more:
+                reason = (reason.text(target) if isinstance(reason, TargetReason) else reason) + more
+            self._record(source, info, action, target, rule.where.short, reason)
 
     # -- what a chain's ops ask (groups.PlannerAccess) -----------------------------------
     def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:

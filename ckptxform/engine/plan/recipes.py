@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from ...dtypes import DTYPE_SIZES, nbytes
 from ...errors import printable
@@ -523,6 +523,18 @@ class OutputPlan:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class TargetReason:
+    """A record's reason that is a fixed text and then the record's target (``'a', 'b'``),
+    made when it is asked for: one object a rule, where each tensor's text ("matched,
+    renamed to 'layers.0.e.1.w1'") was ~90 bytes a tensor held for the whole run."""
+
+    prefix: str
+
+    def text(self, target: str | tuple[str, ...] | None) -> str:
+        return self.prefix + ", ".join(map(repr, target if isinstance(target, tuple) else (target,)))
+
+
 @dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
 class TensorRecord:
     """What happened to one tensor of a source file the run opened (an audit ``tensor`` event).
@@ -536,11 +548,19 @@ class TensorRecord:
     shape: tuple[int, ...] | None
     dtype: str | None
     rule: str | None
-    reason: str
+    #: the reason, or how to make it from ``target`` (``reason`` is the text)
+    why: str | TargetReason
     #: the shard the index assigns the key to, when its header was not read: every key the
     #: index gives it is skipped, so nothing of it is needed (the event says
     #: ``"file": ..., "header": "not read"`` in place of shape and dtype)
     unread_file: str | None = None
+    #: the plan's digest hashes the text of the reason (engine/output/digest.py)
+    DIGEST_AS: ClassVar[dict[str, str]] = {"why": "reason"}
+
+    @property
+    def reason(self) -> str:
+        """Why it took its action, as the audit says it."""
+        return self.why if isinstance(self.why, str) else self.why.text(self.target)
 
     def to_event(self) -> dict[str, Any]:
         target = list(self.target) if isinstance(self.target, tuple) else self.target

@@ -16,10 +16,10 @@ from ...rules.templates import expand_from
 from .recipes import OutputPlan
 
 
-def check_requirements(rules: RuleSet, outputs: Mapping[str, OutputPlan], producer: Mapping[str, str],
+def check_requirements(rules: RuleSet, outputs: Mapping[str, OutputPlan], producer: Mapping[str, object],
                        source_keys: Sequence[str]) -> None:
     """Raise ``RequirementError`` with one line per failed assertion of ``rules.require``.
-    ``producer`` names what writes each output key; ``source_keys`` are the converted
+    ``producer`` names what writes each output key (its str()); ``source_keys`` are the converted
     source's tensors (for the closest-key hint)."""
     problems: list[str] = []
     not_loaded: set[str | None] = set()
@@ -47,7 +47,7 @@ def check_requirements(rules: RuleSet, outputs: Mapping[str, OutputPlan], produc
         raise RequirementError("\n".join(problems))
 
 
-def _explain_not_loaded(rules: RuleSet, outputs: Mapping[str, OutputPlan], producer: Mapping[str, str],
+def _explain_not_loaded(rules: RuleSet, outputs: Mapping[str, OutputPlan], producer: Mapping[str, object],
                         source_keys: Sequence[str], pattern: KeyPattern, where: str) -> str:
     source = rules.convert
     assert source is not None

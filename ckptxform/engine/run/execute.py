@@ -21,7 +21,7 @@ from ..output.copied_files import copied_files_changed
 from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
-from ..plan.layout import OutputLayout, OutputTensorSpec, layout_in_groups, plan_layout
+from ..plan.layout import OutputLayout, check_spec, layout_in_groups, plan_layout
 from ..plan.layout_follow import SAVE_PRETRAINED_SHARD_SIZE, source_file_groups
 from ..plan.layout_like import plan_layout_like
 from ..plan.opened import OpenSources
@@ -42,7 +42,9 @@ def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
         from ..output.gguf.layout import plan_gguf_layout
 
         return plan_gguf_layout(plan, sources)
-    specs = [OutputTensorSpec(o.key, o.dtype, o.shape) for o in plan.outputs]
+    specs = plan.outputs  # laid out as they are: a spec a tensor copied their key, dtype and shape
+    for spec in specs:
+        check_spec(spec)
     output = plan.rules.output
     if output.shards_like is not None:
         return plan_layout_like(specs, source=output.shards_like, ckpt=sources.checkpoints[output.shards_like],

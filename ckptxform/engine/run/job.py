@@ -10,6 +10,7 @@ writes no shard: it checks every shard is finished and commits OUT.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -227,20 +228,22 @@ class _WrittenTable(Sequence[WrittenTensor]):
     """The written tensors, by key, each made when it is asked for: as a tuple of
     ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
     held at once, the peak of a many-tensor run. Holds the outputs in key order and, in
-    the same order, their digests and moved bytes (the strings and pairs of the records)."""
+    the same order, where each one's digest and moved bytes are in the shard records
+    (record and place, 8 bytes a tensor; its digest's hex is made with its record)."""
 
     def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
         self._layout, self._algorithm = layout, algorithm
         self._outputs = sorted(plan.outputs, key=lambda o: o.key)
-        made: dict[str, str] = {}
-        for record in records.values():
-            made.update(record.digests)
-        self._digests = [made[o.key] for o in self._outputs]
-        made.clear()
-        moved: dict[str, tuple[int, int]] = {}
-        for record in records.values():
-            moved.update(zip((key for key, _ in record.digests), record.moved, strict=True))
-        self._moved = [moved[o.key] for o in self._outputs]
+        self._records = tuple(records.values())
+        position = {o.key: i for i, o in enumerate(self._outputs)}
+        #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
+        self._found = array("Q", bytes(8 * len(self._outputs)))
+        for r, record in enumerate(self._records):
+            if len(record.moved) != len(record.digests):
+                raise ValueError(f"the record of {record.file} has {len(record.moved)} moved pairs "
+                                 f"for {len(record.digests)} digests")
+            for j, key in enumerate(record.digests.keys):
+                self._found[position[key]] = r << 32 | j
 
     def __len__(self) -> int:
         return len(self._outputs)
@@ -257,8 +260,10 @@ class _WrittenTable(Sequence[WrittenTensor]):
         output = self._outputs[i]
         place = self._layout.placement(output.key)
         span = (place.offset, place.offset + place.nbytes) if self._algorithm == NO_DIGEST else None
-        cloned, copied = self._moved[i]
-        return WrittenTensor(output.key, place.file, output.shape, output.dtype, self._digests[i], output.origin(),
+        record, j = self._records[self._found[i] >> 32], self._found[i] & 0xFFFFFFFF
+        cloned, copied = record.moved[j]
+        digest = record.digests.raw(j).hex()
+        return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(),
                              self._algorithm, span,
                              {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
 

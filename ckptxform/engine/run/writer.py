@@ -43,6 +43,7 @@ from ckptxform.errors import (
 
 from ...fileio import hash_range
 from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, Hasher, check_digest, new_hasher, update_size
+from ..output.digest_table import TensorDigests
 from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
 from .kernel_copy import KernelCopier, truncated
 from .write_behind import WriteBehind
@@ -145,7 +146,7 @@ class _TensorState:
         #: bytes read back and hashed at once
         self.block = update_size(algorithm, placement.nbytes)
         self.finished = False
-        self.digest = ""
+        self.digest = b""
         #: the hash thread this tensor's bytes are hashed on (in order), once it has one
         self.lane: int | None = None
         #: its hash jobs on that thread, in order, and the cloned ranges placed but not
@@ -440,7 +441,7 @@ class ShardWriter:
         except OSError as err:
             raise io_error("reading back", self.out.out / place.file, err) from None
         state.hashed = state.placed
-        state.digest, state.hasher = hasher.hexdigest(), None
+        state.digest, state.hasher = hasher.digest(), None
 
     def _hasher(self, state: _TensorState) -> Hasher:
         if state.hasher is None:
@@ -450,6 +451,10 @@ class ShardWriter:
     def digest(self, key: str) -> str:
         """The digest (hex, of ``algorithm``) of finished tensor ``key``, once its hashing is
         done ("" with ``--digest none``)."""
+        return self._raw_digest(key).hex()
+
+    def _raw_digest(self, key: str) -> bytes:
+        """``digest``, binary: 32 bytes a tensor, where the hex str is 113."""
         state = self._tensors.get(key)
         if state is None:
             self.layout.placement(key)  # raises the message
@@ -460,7 +465,7 @@ class ShardWriter:
             raise OutputError(f"tensor {key!r} is not finished yet", key=key)
         if not state.digest and self._hashing:
             _wait_all(state.hashes)
-            state.digest, state.hasher, state.hashes = self._hasher(state).hexdigest(), None, ()
+            state.digest, state.hasher, state.hashes = self._hasher(state).digest(), None, ()
         return state.digest
 
     def moved(self, key: str) -> tuple[int, int]:
@@ -469,20 +474,21 @@ class ShardWriter:
         state = self._tensors[key]
         return state.cloned, state.copied
 
-    def take_results(self) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[int, int], ...]]:
+    def take_results(self) -> tuple[TensorDigests, tuple[tuple[int, int], ...]]:
         """Once closed: ``(key, digest)`` and ``moved`` of every tensor, in data order, each
         tensor's state dropped as it is taken (this writer then answers for none): held
         with the states, these pairs were the peak of a shard of many small tensors."""
-        digests, moved = [], []
+        keys, digests, moved = [], [], []
         # one tuple per distinct pair: most of a shard's tensors moved alike (all written,
         # or all of their bytes copied in the kernel), ~11 MB at 200,000 tensors
         pairs: dict[tuple[int, int], tuple[int, int]] = {}
         for key in self.layout.placements:
-            digests.append((key, self.digest(key)))
+            keys.append(key)
+            digests.append(self._raw_digest(key))
             pair = self.moved(key)
             moved.append(pairs.setdefault(pair, pair))
             del self._tensors[key]
-        return tuple(digests), tuple(moved)
+        return TensorDigests.from_raw(keys, digests), tuple(moved)
 
     def write_json(self, name: str, obj: Any) -> Path:
         """Write ``obj`` as ``name`` (e.g. ``config.json``) next to the shards."""
