@@ -94,7 +94,7 @@ class ShardRecord:
     def matches(self, shard: ShardLayout, algorithm: str) -> bool:
         return (self.file == shard.file and self.size == shard.file_nbytes and self.algorithm == algorithm
                 and self.header_sha256 == hashlib.sha256(shard.header).hexdigest()
-                and list(self.digests.keys) == [p.spec.key for p in shard.tensors])
+                and list(self.digests.keys) == [spec.key for spec in shard.specs])
 
 
 def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[str, Any]:

@@ -20,9 +20,12 @@ Example::
 from __future__ import annotations
 
 import json
+import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -86,9 +89,10 @@ class OutputTensorSpec:
         return nbytes(self.dtype, self.shape)
 
 
-@dataclass(frozen=True, slots=True)  # one a tensor: no __dict__ each
+@dataclass(frozen=True, slots=True)
 class TensorPlacement:
-    """Where one tensor's bytes go: ``offset`` is absolute in ``file``."""
+    """Where one tensor's bytes go: ``offset`` is absolute in ``file``. Made when asked
+    for (``ShardLayout.tensors``): a shard holds its tensors as columns."""
 
     spec: TensorSpec
     file: str
@@ -99,24 +103,50 @@ class TensorPlacement:
         return self.spec.nbytes
 
 
+#: where a tensor copied unchanged comes from: (source file, offset), or None
+CopiedFrom = Callable[[TensorSpec], "tuple[str, int] | None"]
+
+
 @dataclass(frozen=True)
 class ShardLayout:
     """One output file: its complete header (8-byte length + padded JSON) and tensors;
     made by ``ShardLayout.of``.
+
+    The tensors are columns: ``specs`` and, in their order, ``offsets`` (absolute, packed
+    as ``array('Q')``): a ``TensorPlacement`` and its offset each were ~90 bytes a tensor
+    kept to the commit, ~18 MB of a 200,000-tensor rename. ``tensors`` makes the
+    placements when asked.
 
     The header is held compressed: ~75 bytes a tensor, kept for every shard from the layout
     to the commit, it was 15 MB of a 200,000-tensor rename's ~300 MB peak; it is asked for
     a few times a shard (written, hashed, checked on resume)."""
 
     file: str
-    tensors: tuple[TensorPlacement, ...]
+    specs: tuple[TensorSpec, ...]
+    offsets: bytes = field(repr=False)
     data_nbytes: int
     header_nbytes: int
     packed_header: bytes = field(repr=False)
 
+    def __post_init__(self) -> None:
+        if len(self.offsets) != 8 * len(self.specs):
+            raise ValueError(f"{len(self.offsets)} bytes of offsets for {len(self.specs)} tensors")
+
     @classmethod
-    def of(cls, *, file: str, header: bytes, tensors: tuple[TensorPlacement, ...], data_nbytes: int) -> ShardLayout:
-        return cls(file, tensors, data_nbytes, len(header), zlib.compress(header, 1))
+    def of(cls, *, file: str, header: bytes, specs: Sequence[TensorSpec], offsets: Iterable[int],
+           data_nbytes: int) -> ShardLayout:
+        return cls(file, tuple(specs), array("Q", offsets).tobytes(), data_nbytes, len(header),
+                   zlib.compress(header, 1))
+
+    def offset(self, i: int) -> int:
+        """Tensor ``i``'s (of ``specs``) absolute offset in the file."""
+        return int.from_bytes(self.offsets[8 * i:8 * i + 8], sys.byteorder)
+
+    @property
+    def tensors(self) -> tuple[TensorPlacement, ...]:
+        """Every tensor's placement, in data order (made on each call)."""
+        offsets = array("Q", self.offsets)
+        return tuple(TensorPlacement(spec, self.file, offset) for spec, offset in zip(self.specs, offsets, strict=True))
 
     @property
     def header(self) -> bytes:
@@ -134,23 +164,20 @@ class OutputLayout:
 
     shards: tuple[ShardLayout, ...]
     index_file: str | None
-    _placements: Mapping[str, TensorPlacement] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        table = {p.spec.key: p for shard in self.shards for p in shard.tensors}
-        object.__setattr__(self, "_placements", MappingProxyType(table))
-
-    @property
+    @cached_property
     def placements(self) -> Mapping[str, TensorPlacement]:
-        """Every tensor, by key, in data order."""
-        return self._placements
+        """Every tensor, by key, in data order: made when first asked for (a shard's
+        writer asks of its shard's layout; a run asks nothing by key of the whole layout,
+        where the table was ~100 bytes a tensor)."""
+        return MappingProxyType({p.spec.key: p for shard in self.shards for p in shard.tensors})
 
     def placement(self, key: str) -> TensorPlacement:
         try:
-            return self._placements[key]
+            return self.placements[key]
         except KeyError:
             raise OutputError(f"tensor {key!r} is not in the output layout "
-                              f"(it has {len(self._placements)} tensors)", key=key) from None
+                              f"(it has {sum(len(s.specs) for s in self.shards)} tensors)", key=key) from None
 
     @property
     def total_bytes(self) -> int:
@@ -164,7 +191,8 @@ class OutputLayout:
 
     def index_json(self) -> dict[str, Any]:
         """The standard ``model.safetensors.index.json`` content (also valid when unsharded)."""
-        weight_map = {key: self._placements[key].file for key in sorted(self._placements)}
+        files = {spec.key: shard.file for shard in self.shards for spec in shard.specs}
+        weight_map = {key: files[key] for key in sorted(files)}
         return {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
 
 
@@ -174,12 +202,13 @@ def plan_layout(
     max_shard_size: int | None,
     file_name: str = "model.safetensors",
     metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
-    copied_from: Mapping[str, tuple[str, int]] | None = None,
+    copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None = None,
 ) -> OutputLayout:
     """Lay out ``specs`` (kept in order) in shards of at most ``max_shard_size`` data bytes.
 
     ``copied_from``: key -> (source file, offset) of the tensors copied unchanged from one
-    run of a local file; they lead their shard in source order, and its header is padded
+    run of a local file (or a function of the spec giving it, or None: asked a shard at a
+    time, so a run's answers are not all held at once); they lead their shard in source order, and its header is padded
     so that most of their bytes land at their source's offset modulo CLONE_BLOCK (see the
     module's docstring). Which tensors a shard holds does not depend on it.
 
@@ -201,7 +230,7 @@ def layout_in_groups(
     *,
     file_name: str = "model.safetensors",
     metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
-    copied_from: Mapping[str, tuple[str, int]] | None = None,
+    copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None = None,
 ) -> OutputLayout:
     """One shard a group (at least one group), named as ``plan_layout`` names them;
     ``copied_from`` as for ``plan_layout``."""
@@ -225,8 +254,7 @@ def layout_in_groups(
         stem = file_name.removesuffix(".safetensors")
         names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
         index_file = f"{file_name}.index.json"
-    copied_from = copied_from or {}
-    shards = tuple(shard_layout(name, _source_order(list(group), copied_from), metadata, copied_from)
+    shards = tuple(shard_layout(name, *_source_order(group, copied_from), metadata)
                    for name, group in zip(names, groups, strict=True))
     return OutputLayout(shards=shards, index_file=index_file)
 
@@ -245,20 +273,33 @@ def _pack(specs: Sequence[TensorSpec], limit: int | None) -> list[list[TensorSpe
     return groups
 
 
-def _source_order(group: list[TensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> list[TensorSpec]:
-    """The tensors copied unchanged first, in source file and offset order, then the rest in plan order."""
-    return sorted(group, key=lambda spec: (0, *copied_from[spec.key]) if spec.key in copied_from else (1, "", 0))
+def copies_of(group: Sequence[TensorSpec],
+              copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None) -> list[tuple[str, int] | None]:
+    """Where each of ``group`` is copied unchanged from (``copied_from`` as for ``plan_layout``)."""
+    if copied_from is None:
+        return [None] * len(group)
+    if isinstance(copied_from, Mapping):
+        return [copied_from.get(spec.key) for spec in group]
+    return [copied_from(spec) for spec in group]
 
 
-def _header_pad(text_len: int, group: list[TensorSpec], copied_from: Mapping[str, tuple[str, int]]) -> int:
+def _source_order(group: Sequence[TensorSpec], copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None
+                  ) -> tuple[list[TensorSpec], list[tuple[str, int] | None]]:
+    """The tensors copied unchanged first, in source file and offset order, then the rest
+    in plan order; and where each is copied from."""
+    copies = copies_of(group, copied_from)
+    order = sorted(range(len(group)), key=lambda i: (1, "", 0) if copies[i] is None else (0, *copies[i]))
+    return [group[i] for i in order], [copies[i] for i in order]
+
+
+def _header_pad(text_len: int, group: list[TensorSpec], copies: list[tuple[str, int] | None]) -> int:
     """Spaces after a header of ``text_len`` JSON bytes: the least that starts the data
     8-aligned, as the library does, or, when tensors of ``group`` have phases, the pad that
     puts the most of their bytes at their source's offset modulo CLONE_BLOCK (ties: the smaller pad). Those
     tensors then have the alignment they have in their source file."""
     votes: dict[int, int] = {}
     start = 0
-    for spec in group:
-        source = copied_from.get(spec.key)
+    for spec, source in zip(group, copies, strict=True):
         if source is not None and spec.nbytes >= 2 * CLONE_BLOCK:
             pad = (source[1] - 8 - text_len - start) % CLONE_BLOCK
             votes[pad] = votes.get(pad, 0) + spec.nbytes
@@ -283,21 +324,22 @@ def _header_text(group: list[TensorSpec], metadata: Mapping[str, str] | None) ->
     return ("{" + ",".join(parts) + "}").encode(), start
 
 
-def shard_layout(name: str, group: list[TensorSpec], metadata: Mapping[str, str] | None,
-                 copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
+def shard_layout(name: str, group: list[TensorSpec], copies: list[tuple[str, int] | None],
+                 metadata: Mapping[str, str] | None) -> ShardLayout:
     """One output file of ``group``'s tensors, in that order, its header padded to line up
-    the unchanged copies among them (``copied_from``) with their source files."""
+    the unchanged copies among them (``copies``: where each is copied from, ``copies_of``)
+    with their source files."""
     # JSON keys follow data order (the safetensors library sorts by alignment instead;
     # readers do not care, and data order keeps the file in the plan's order).
     text, start = _header_text(group, metadata)
-    text += b" " * _header_pad(len(text), group, copied_from)
+    text += b" " * _header_pad(len(text), group, copies)
     if len(text) > _MAX_HEADER_BYTES:
         raise PlanError(f"the header of {name!r} would be {len(text)} bytes, more than "
                         f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")
     blob = len(text).to_bytes(8, "little") + text
-    placements, offset = [], len(blob)
+    offsets, offset = array("Q"), len(blob)
     for spec in group:
-        placements.append(TensorPlacement(spec=spec, file=name, offset=offset))
+        offsets.append(offset)
         offset += spec.nbytes
-    return ShardLayout.of(file=name, header=blob, tensors=tuple(placements), data_nbytes=start)
+    return ShardLayout.of(file=name, header=blob, specs=group, offsets=offsets, data_nbytes=start)
 

@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 
 from ...errors import PlanError
 from ...sources.base import Checkpoint, TensorInfo
-from .layout import OutputLayout, TensorSpec, ShardLayout, TensorPlacement, shard_layout
+from .layout import CopiedFrom, OutputLayout, ShardLayout, TensorSpec, copies_of, shard_layout
 
 #: where the index of a sharded output goes (what transformers looks for)
 INDEX_FILE = "model.safetensors.index.json"
 
 
 def plan_layout_like(specs: Sequence[TensorSpec], *, source: str, ckpt: Checkpoint,
-                     copied_from: Mapping[str, tuple[str, int]] | None = None) -> OutputLayout:
+                     copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None = None) -> OutputLayout:
     """Lay out ``specs`` in the files of ``ckpt`` (source ``source`` of the rule file): see
     the module's docstring. ``copied_from`` as for ``plan_layout`` (a new header lines its
     unchanged copies up for cloning).
@@ -53,19 +53,19 @@ def plan_layout_like(specs: Sequence[TensorSpec], *, source: str, ckpt: Checkpoi
     shards = []
     for n in sorted(groups):
         group = [spec for _, spec in sorted(groups[n], key=lambda item: item[0])]
-        shards.append(_shard_like(files[n], group, listed[files[n]], ckpt, copied_from or {}))
+        shards.append(_shard_like(files[n], group, listed[files[n]], ckpt, copied_from))
     return OutputLayout(shards=tuple(shards), index_file=INDEX_FILE if len(files) > 1 else None)
 
 
 def _shard_like(file: str, group: list[TensorSpec], theirs: list[TensorInfo], ckpt: Checkpoint,
-                copied_from: Mapping[str, tuple[str, int]]) -> ShardLayout:
+                copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None) -> ShardLayout:
     """``file`` of the output: the source file's header when ``group`` is its tensor list, else a new one."""
     raw = ckpt.raw_header(file)
     if _same_list(group, theirs, len(raw)):
-        placements = tuple(TensorPlacement(spec, file, info.offset) for spec, info in zip(group, theirs, strict=True))
-        return ShardLayout.of(file=file, header=raw, tensors=placements, data_nbytes=sum(s.nbytes for s in group))
+        return ShardLayout.of(file=file, header=raw, specs=group, offsets=(info.offset for info in theirs),
+                              data_nbytes=sum(s.nbytes for s in group))
     metadata = json.loads(raw[8:]).get("__metadata__")  # parsed before, strictly: a dict of strings or absent
-    return shard_layout(file, group, metadata, copied_from)
+    return shard_layout(file, group, copies_of(group, copied_from), metadata)
 
 
 def _same_list(group: list[TensorSpec], theirs: list[TensorInfo], data_start: int) -> bool:

@@ -21,7 +21,7 @@ from ..output.copied_files import copied_files_changed
 from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
-from ..plan.layout import OutputLayout, check_spec, layout_in_groups, plan_layout
+from ..plan.layout import CopiedFrom, OutputLayout, check_spec, layout_in_groups, plan_layout
 from ..plan.layout_follow import SAVE_PRETRAINED_SHARD_SIZE, source_file_groups
 from ..plan.layout_like import plan_layout_like
 from ..plan.opened import OpenSources
@@ -59,20 +59,23 @@ def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
                        copied_from=_copied_from(plan, sources))
 
 
-def _copied_from(plan: Plan, sources: OpenSources) -> dict[str, tuple[str, int]]:
-    """``source:file`` and offset of every output that is one source tensor's bytes unchanged:
-    the layout lines these up so that the writer can clone them. From headers only (not
-    from where the files are), so a local and a Hub run of one plan write the same bytes."""
-    copied = {}
+def _copied_from(plan: Plan, sources: OpenSources) -> CopiedFrom:
+    """``source:file`` and offset of an output (one of ``plan.outputs``) that is one source
+    tensor's bytes unchanged, else None: the layout lines these up so that the writer can
+    clone them. From headers only (not from where the files are), so a local and a Hub run
+    of one plan write the same bytes. Asked a shard at a time: a table of every output's
+    was ~150 bytes a tensor at the layout's peak."""
     names: dict[tuple[str, str], str] = {}  # one "source:file" string a file, not one a tensor
-    for o in plan.outputs:
+
+    def copied_from(o: Any) -> tuple[str, int] | None:
         found = o.recipe.unchanged_copy(sources) if o.dtype == o.input_dtype else None
-        if found is not None:
-            name = names.get(found[:2])
-            if name is None:
-                name = names[found[:2]] = f"{found[0]}:{found[1]}"
-            copied[o.key] = (name, found[2])
-    return copied
+        if found is None:
+            return None
+        name = names.get(found[:2])
+        if name is None:
+            name = names[found[:2]] = f"{found[0]}:{found[1]}"
+        return name, found[2]
+    return copied_from
 
 
 @collector_paused()  # no cycle per tensor: see bulk_gc.py

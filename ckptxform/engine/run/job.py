@@ -234,7 +234,8 @@ class _WrittenTable(Sequence[WrittenTensor]):
     def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
         self._layout, self._algorithm = layout, algorithm
         self._outputs = sorted(plan.outputs, key=lambda o: o.key)
-        self._records = tuple(records.values())
+        #: in the layout's order: record r is of shard r, its tensor j the shard's j
+        self._records = tuple(records[shard.file] for shard in layout.shards)
         position = {o.key: i for i, o in enumerate(self._outputs)}
         #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
         self._found = array("Q", bytes(8 * len(self._outputs)))
@@ -258,14 +259,15 @@ class _WrittenTable(Sequence[WrittenTensor]):
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
         output = self._outputs[i]
-        place = self._layout.placement(output.key)
-        span = (place.offset, place.offset + place.nbytes) if self._algorithm == NO_DIGEST else None
-        record, j = self._records[self._found[i] >> 32], self._found[i] & 0xFFFFFFFF
+        r, j = self._found[i] >> 32, self._found[i] & 0xFFFFFFFF
+        record, shard = self._records[r], self._layout.shards[r]
+        offset = shard.offset(j)
+        span = (offset, offset + output.nbytes) if self._algorithm == NO_DIGEST else None
         cloned, copied = record.moved[j]
         digest = record.digests.raw(j).hex()
-        return WrittenTensor(output.key, place.file, output.shape, output.dtype, digest, output.origin(),
+        return WrittenTensor(output.key, shard.file, output.shape, output.dtype, digest, output.origin(),
                              self._algorithm, span,
-                             {"cloned": cloned, "copied": copied, "written": place.nbytes - cloned - copied})
+                             {"cloned": cloned, "copied": copied, "written": output.nbytes - cloned - copied})
 
 
 def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list[dict[str, Any]]:

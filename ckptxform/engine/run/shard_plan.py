@@ -31,7 +31,7 @@ from ...vocab.maps import VocabMap
 from ...where import Where
 from ..output.jobdir import JobDir
 from ..plan.codec import Codec
-from ..plan.layout import OutputTensorSpec, ShardLayout, TensorPlacement
+from ..plan.layout import OutputTensorSpec, ShardLayout
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from ..plan.recipes import (
@@ -116,7 +116,7 @@ def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
     by_key = {o.key: o for o in plan.outputs}
     works = {}
     for shard in shards:
-        outputs = tuple(by_key[p.spec.key] for p in shard.tensors)
+        outputs = tuple(by_key[spec.key] for spec in shard.specs)
         reads: dict[tuple[str, str], TensorInfo] = {}
         for out in outputs if for_workers else ():
             refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
@@ -160,7 +160,7 @@ def _header(info: TensorInfo) -> str:
 
 
 #: what a run plan holds, and nothing else decodes from a job's plan file
-CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, TensorPlacement,
+CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout,
                OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
                VocabField, TensorRef, View, Run, Block, Where, Constant],
               ChainMap({FILL_ROWS.verb: FILL_ROWS}, OPS))  # fill_rows: made by permute_rows, not a verb of ops:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ....errors import PlanError, SourceNotFoundError
-from ...plan.layout import OutputLayout, OutputTensorSpec, ShardLayout, TensorPlacement
+from ...plan.layout import OutputLayout, OutputTensorSpec, ShardLayout
 from ...plan.output_checks import GGUF_NEEDS, ggml_type_of_output, gguf_source_problem
 
 if TYPE_CHECKING:
@@ -46,11 +46,12 @@ def plan_gguf_layout(plan: Plan, sources: OpenSources) -> OutputLayout:
         header, placed = _header(plan, folder, spec)
     file = plan.rules.output.file_name
     alignment = 32
-    placements, offset = [], 0
+    offsets, offset = [], 0
     for out_spec in placed:
-        placements.append(TensorPlacement(spec=out_spec, file=file, offset=len(header) + offset))
+        offsets.append(len(header) + offset)
         offset += -(-out_spec.nbytes // alignment) * alignment
-    return OutputLayout(shards=(ShardLayout.of(file=file, header=header, tensors=tuple(placements), data_nbytes=offset),),
+    return OutputLayout(shards=(ShardLayout.of(file=file, header=header, specs=placed, offsets=offsets,
+                                               data_nbytes=offset),),
                         index_file=None)
 
 
