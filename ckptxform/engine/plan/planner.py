@@ -34,6 +34,7 @@ from .output_checks import gguf_output_problem, key_problem, tie_problem, value_
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TargetReason, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
+from .record_table import RecordTable
 from .unread_shards import complete_unread_records, source_tensors, unread_record
 from .vocab_maps import read_vocab_map
 
@@ -184,7 +185,7 @@ class _Planner:
         self.outputs: dict[str, OutputPlan] = {}
         #: what writes each output key, for messages (its str(): ``tensors[0] (rules.yaml:6) (from model:x)``)
         self.producer: dict[str, str | _RuleRead] = {}
-        self.records: dict[tuple[str, str], TensorRecord] = {}
+        self.records = RecordTable(rules.convert)
         self.files_opened: dict[str, set[str]] = {}
         self.warnings: list[str] = []
         self.vocab: dict[str, VocabMap] = {}
@@ -203,7 +204,8 @@ class _Planner:
         check_config_requirements(self.rules, None, self.ckpts, self.vocab, of_sources=True)
         for source in _matched_sources(self.rules):
             self._plan_matched_source(source)
-        rule_outputs = dict(self.outputs)  # what a constant's for_each matches
+        # what a constant's for_each matches (not copied when there is none: ~50 bytes a tensor)
+        rule_outputs = dict(self.outputs) if self.rules.add else {}
         for entry in self.rules.add.values():
             self._plan_add(entry, rule_outputs)
         self._check_consumed()
@@ -224,7 +226,7 @@ class _Planner:
             for name, ckpt in self.ckpts.items()
         }
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
-                    records=tuple(self.records.values()), alignments=self.alignments, vocab_maps=self.vocab,
+                    records=tuple(self.records), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
                     pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})
@@ -256,7 +258,7 @@ class _Planner:
     def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
                 rule: str | None, reason: str | TargetReason) -> None:
         """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
-        earlier = self.records.get((source, info.key))
+        earlier = self.records.get(source, info.key)
         if earlier is not None:
             if action == "unused":
                 return
@@ -269,8 +271,7 @@ class _Planner:
                 reason = f"{earlier.reason}; {reason}"
             else:
                 reason = f"{reason}; {earlier.reason}"
-        self.records[(source, info.key)] = TensorRecord(
-            source, info.key, action, target, info.shape, info.dtype, rule, reason)
+        self.records.put(TensorRecord(source, info.key, action, target, info.shape, info.dtype, rule, reason))
 
     def _add_output(self, out: OutputPlan, producer: str | _RuleRead) -> None:
         why = key_problem(out.key)
@@ -330,7 +331,7 @@ class _Planner:
             if rule is not None:
                 matched[rule.index] = matched.get(rule.index, 0) + 1
             if isinstance(info, str):  # a key of a shard not read: skipped by its rule (or, not strict, by none)
-                self.records[(source, key)] = unread_record(source, key, info, rule)
+                self.records.put(unread_record(source, key, info, rule))
                 continue
             self.files_opened.setdefault(source, set()).add(info.file)
             if rule is None:
@@ -365,8 +366,8 @@ class _Planner:
         for index, members in grouped.items():
             self._plan_rule(source, self.rules.tensors[index], members)
         for entry in ckpt.unread:  # a trainer's optimizer state, pickled objects: listed, never read
-            self.records[(source, entry.key)] = TensorRecord(source, entry.key, "skipped", None, entry.shape,
-                                                             entry.dtype, None, entry.reason)
+            self.records.put(TensorRecord(source, entry.key, "skipped", None, entry.shape, entry.dtype, None,
+                                          entry.reason))
     def _plan_tie_or_skip(self, source: str, info: TensorInfo, rule: TensorRule) -> None:
         where = rule.where.short
         if rule.skip is not None:
@@ -453,14 +454,14 @@ class _Planner:
     def _check_consumed(self) -> None:
         """Each tensor a rule says is ``consumed`` was read by an op (it lent its bytes)."""
         for source, info, rule in self.consumed:
-            earlier = self.records.get((source, info.key))
+            earlier = self.records.get(source, info.key)
             if earlier is None or earlier.action != "rows":
                 raise PlanError(f"{rule.label}: {source}:{info.key} is consumed ({rule.consumed}), but no op of the "
                                 "rules read it: the tensor it belongs with is missing or named otherwise; correct "
                                 "the keys, or skip it with its reason if dropping it is intended",
                                 source=source, key=info.key)
-            self.records[(source, info.key)] = TensorRecord(source, info.key, "consumed", None, info.shape, info.dtype,
-                                                            rule.where.short, f"{rule.consumed}; {earlier.reason}")
+            self.records.put(TensorRecord(source, info.key, "consumed", None, info.shape, info.dtype,
+                                          rule.where.short, f"{rule.consumed}; {earlier.reason}"))
 
     def _check_ties(self) -> None:
         for source, key, target, label in self.ties:
