@@ -191,8 +191,11 @@ class OutputLayout:
 
     def index_json(self) -> dict[str, Any]:
         """The standard ``model.safetensors.index.json`` content (also valid when unsharded)."""
-        files = {spec.key: shard.file for shard in self.shards for spec in shard.specs}
-        weight_map = {key: files[key] for key in sorted(files)}
+        # the keys sorted, then each one's file: one dict, not a table by key and its sorted copy
+        weight_map: dict[str, str] = dict.fromkeys(sorted(spec.key for shard in self.shards for spec in shard.specs))
+        for shard in self.shards:
+            for spec in shard.specs:
+                weight_map[spec.key] = shard.file
         return {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
 
 

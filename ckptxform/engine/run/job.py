@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from bisect import bisect_left
+from operator import attrgetter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -224,6 +226,9 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
     return written, copied, odir.commit()
 
 
+_key_of = attrgetter("key")
+
+
 class _WrittenTable(Sequence[WrittenTensor]):
     """The written tensors, by key, each made when it is asked for: as a tuple of
     ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
@@ -236,7 +241,6 @@ class _WrittenTable(Sequence[WrittenTensor]):
         self._outputs = sorted(plan.outputs, key=lambda o: o.key)
         #: in the layout's order: record r is of shard r, its tensor j the shard's j
         self._records = tuple(records[shard.file] for shard in layout.shards)
-        position = {o.key: i for i, o in enumerate(self._outputs)}
         #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
         self._found = array("Q", bytes(8 * len(self._outputs)))
         for r, record in enumerate(self._records):
@@ -244,7 +248,11 @@ class _WrittenTable(Sequence[WrittenTensor]):
                 raise ValueError(f"the record of {record.file} has {len(record.moved)} moved pairs "
                                  f"for {len(record.digests)} digests")
             for j, key in enumerate(record.digests.keys):
-                self._found[position[key]] = r << 32 | j
+                # found by bisection in the sorted outputs: a table by key was ~80 bytes a tensor
+                i = bisect_left(self._outputs, key, key=_key_of)
+                if i == len(self._outputs) or self._outputs[i].key != key:
+                    raise ValueError(f"the record of {record.file} has tensor {key!r}, which the plan does not write")
+                self._found[i] = r << 32 | j
 
     def __len__(self) -> int:
         return len(self._outputs)
