@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import islice
 from collections.abc import Callable
 from typing import Any
 
@@ -255,8 +256,12 @@ def plan(rules: str, sources: tuple[str, ...], require_pinned: bool, as_json: bo
 
     with _naming_fitting_rules(lambda: api.plan(rules, sources=_parse_overrides(sources),
                                                 require_pinned=require_pinned)) as the_plan:
-        click.echo(json.dumps(report.plan_json(the_plan), indent=2) if as_json
-                   else report.plan_text(the_plan, verbose=_verbose()))
+        if as_json:
+            click.echo(json.dumps(report.plan_json(the_plan), indent=2))
+        else:  # a few thousand lines at a time: the whole text was ~200 bytes a tensor
+            lines = report.plan_lines(the_plan, verbose=_verbose())
+            while piece := list(islice(lines, 4096)):
+                click.echo("\n".join(piece))
 
 
 @main.command()

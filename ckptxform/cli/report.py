@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..engine.run.execute import ApplyResult
@@ -62,6 +63,12 @@ def not_carried_text(plan: Plan, *, verbose: bool = False) -> list[str]:
 
 
 def plan_text(plan: Plan, *, verbose: bool = False) -> str:
+    return "\n".join(plan_lines(plan, verbose=verbose))
+
+
+def plan_lines(plan: Plan, *, verbose: bool = False) -> Iterator[str]:
+    """``plan_text``'s lines, each made when asked for and screened for the terminal: the
+    whole text, a line an output, was ~200 bytes a tensor held at once."""
     rules = plan.rules
     lines = [f"plan: {printable(rules.path)} ({printable(rules.name)})", "sources:"]
     width = max((len(n) for n in plan.sources), default=0)
@@ -85,14 +92,12 @@ def plan_text(plan: Plan, *, verbose: bool = False) -> str:
     lines.extend(_output_files_text(plan))
     key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
     dtype_w = max([5, *(len(o.dtype) for o in plan.outputs)])  # F8_E4M3 is wider than BF16
+    yield from map(terminal_line, lines)
     for out in plan.outputs:
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
-        lines.append(f"  {printable(out.key):<{key_w}}  {out.dtype:<{dtype_w}} {str(list(out.shape)):<14} <- "
-                     f"{out.recipe.describe()}{cast}")
-    lines.extend(_files_text(plan))
-    for warning in plan.warnings:
-        lines.append(f"warning: {warning}")
-    return _screen(lines)
+        yield terminal_line(f"  {printable(out.key):<{key_w}}  {out.dtype:<{dtype_w}} {str(list(out.shape)):<14} <- "
+                            f"{out.recipe.describe()}{cast}")
+    yield from map(terminal_line, [*_files_text(plan), *(f"warning: {warning}" for warning in plan.warnings)])
 
 
 def _output_files_text(plan: Plan) -> list[str]:
