@@ -20,6 +20,7 @@ from collections import ChainMap
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ...errors import OutputError, SourceChangedError
 from ...ops import OPS
@@ -113,10 +114,14 @@ def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
     planned from). Not ``for_workers``: only the shards and their outputs, for tasks that
     read through ``sources`` themselves (what a worker opens and checks, ~150 bytes a
     tensor read, is left out)."""
-    by_key = {o.key: o for o in plan.outputs}
+    by_key: dict[str, OutputPlan] = {}  # made only for a layout of copies (GGUF's): ~50 bytes a tensor
     works = {}
     for shard in shards:
-        outputs = tuple(by_key[spec.key] for spec in shard.specs)
+        if all(type(spec) is OutputPlan for spec in shard.specs):  # the layout placed the plan's own
+            outputs = cast("tuple[OutputPlan, ...]", shard.specs)
+        else:
+            by_key = by_key or {o.key: o for o in plan.outputs}
+            outputs = tuple(by_key[spec.key] for spec in shard.specs)
         reads: dict[tuple[str, str], TensorInfo] = {}
         for out in outputs if for_workers else ():
             refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
