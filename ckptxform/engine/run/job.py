@@ -227,6 +227,8 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
 
 
 _key_of = attrgetter("key")
+#: no record has this output's tensor (yet): no shard and place is 2**64 - 1
+_NOT_FOUND = (1 << 64) - 1
 
 
 class _WrittenTable(Sequence[WrittenTensor]):
@@ -242,7 +244,7 @@ class _WrittenTable(Sequence[WrittenTensor]):
         #: in the layout's order: record r is of shard r, its tensor j the shard's j
         self._records = tuple(records[shard.file] for shard in layout.shards)
         #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
-        self._found = array("Q", bytes(8 * len(self._outputs)))
+        self._found = array("Q", [_NOT_FOUND]) * len(self._outputs)
         for r, record in enumerate(self._records):
             if len(record.moved) != len(record.digests):
                 raise ValueError(f"the record of {record.file} has {len(record.moved)} moved pairs "
@@ -253,6 +255,9 @@ class _WrittenTable(Sequence[WrittenTensor]):
                 if i == len(self._outputs) or self._outputs[i].key != key:
                     raise ValueError(f"the record of {record.file} has tensor {key!r}, which the plan does not write")
                 self._found[i] = r << 32 | j
+        if _NOT_FOUND in self._found:  # else it would read another tensor's digest
+            missing = self._outputs[self._found.index(_NOT_FOUND)].key
+            raise ValueError(f"no shard record has tensor {missing!r}, which the plan writes")
 
     def __len__(self) -> int:
         return len(self._outputs)
