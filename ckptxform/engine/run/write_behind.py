@@ -37,6 +37,8 @@ class WriteBehind:
     def submit(self, job: Callable[[], None], *, holds: bool) -> None:
         """Queue ``job`` after the others (first waiting for room when it ``holds`` a chunk)."""
         self.check()
+        if self._dropping:  # no thread would run it, and a third chunk would wait for room forever
+            raise RuntimeError("the write thread has stopped: nothing more can be written")
         if holds:
             self._room.acquire()
         with self._idle:
