@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from ckptxform.errors import CheckpointFormatError, SourceNotFoundError, UsageError
+from ckptxform.sources.base import TensorInfo
 from ckptxform.sources.local import open_local
 
 # A small drafter-like checkpoint covering the dtypes the EAGLE-3 rules touch.
@@ -143,6 +144,26 @@ def test_two_shards_with_index(tmp_path: Path) -> None:
             for info in (t for t in ckpt.tensors.values() if t.file == name):
                 assert raw[info.offset : info.offset + info.nbytes] == ckpt.read(info)
 
+
+def test_each_tensor_is_as_its_header_says_whichever_shard_is_read_first(tmp_path: Path) -> None:
+    write_sharded(tmp_path, SHARDS)
+    expected = {}
+    for name in SHARD_NAMES:
+        raw = (tmp_path / name).read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        for key, entry in json.loads(raw[8 : 8 + n]).items():
+            if key != "__metadata__":
+                begin, end = entry["data_offsets"]
+                expected[key] = TensorInfo(key, entry["dtype"], tuple(entry["shape"]), name, 8 + n + begin, end - begin)
+    with open_local(tmp_path) as ckpt:
+        for key in [*reversed(SHARD_2), *SHARD_1, *SHARD_2]:  # the second shard read first, asked twice
+            assert ckpt.tensors[key] == expected[key]
+        for name in SHARD_NAMES:
+            assert ckpt.tensors_of_file(name) == sorted(
+                (info for info in expected.values() if info.file == name), key=lambda t: (t.offset, t.key))
+        assert "no.such.key" not in ckpt.tensors
+        with pytest.raises(KeyError):
+            ckpt.tensors["no.such.key"]
 
 def test_index_given_by_path_ignores_files_it_does_not_name(tmp_path: Path) -> None:
     write_sharded(tmp_path, SHARDS)

@@ -19,18 +19,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptxform.sources.base import Checkpoint, TensorInfo
+from ckptxform.sources.header_columns import ShardColumns
 
 __all__ = ["LazyShards", "LazyTensors", "weak_loader"]
 
 
-def weak_loader(load: Callable[..., list[TensorInfo]]) -> Callable[..., list[TensorInfo]]:
+def weak_loader(load: Callable[..., ShardColumns]) -> Callable[..., ShardColumns]:
     """``load``, a checkpoint's bound method, called through a weak reference: the
     checkpoint holds its ``LazyTensors``, and a loader holding the checkpoint made a
     reference cycle that only the cyclic collector frees (paused over a run: every header
     read stayed alive until it ran)."""
     method = weakref.WeakMethod(load)  # type: ignore[arg-type]
 
-    def load_weakly(*args: Any) -> list[TensorInfo]:
+    def load_weakly(*args: Any) -> ShardColumns:
         bound = method()
         if bound is None:
             raise RuntimeError("the checkpoint of this index is gone: its headers cannot be read")
@@ -42,13 +43,14 @@ def weak_loader(load: Callable[..., list[TensorInfo]]) -> Callable[..., list[Ten
 class LazyTensors(Mapping[str, TensorInfo]):
     """The tensors of a sharded checkpoint, keyed by the index; a shard's header is read
     the first time one of its tensors is looked up. Membership and length come from the
-    index alone; iterating reads every header, file by file, in offset order."""
+    index alone; iterating reads every header, file by file, in offset order. A read
+    header is kept as columns (``ShardColumns``): a ``TensorInfo`` is made when looked up."""
 
     def __init__(
         self,
         weight_map: Mapping[str, str],
         files: tuple[str, ...],
-        load: Callable[[str, Mapping[str, str]], list[TensorInfo]],
+        load: Callable[[str, Mapping[str, str]], ShardColumns],
     ) -> None:
         self.weight_map = weight_map
         self._files = files
@@ -59,7 +61,7 @@ class LazyTensors(Mapping[str, TensorInfo]):
             self._by_file.setdefault(file, []).append(key)
         #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
         self._sorted: dict[str, tuple[str, ...]] = {}
-        self._shards: dict[str, dict[str, TensorInfo]] = {}
+        self._shards: dict[str, ShardColumns] = {}
         # one read of a header when two threads ask for it at once; other headers meanwhile
         self._locks = {file: threading.Lock() for file in files}
 
@@ -79,13 +81,16 @@ class LazyTensors(Mapping[str, TensorInfo]):
             keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, ())))
         return keys
 
-    def shard(self, file: str) -> dict[str, TensorInfo]:
-        """The tensors of one shard (its header is read the first time)."""
+    def shard(self, file: str) -> ShardColumns:
+        """The tensors of one shard, a read-only mapping in offset order (its header is read
+        the first time)."""
         if file not in self._shards:
             with self._locks.get(file) or threading.Lock():
                 if file not in self._shards:
                     listed = self._by_file.get(file, [])
-                    self._shards[file] = _same_names(self._load(file, dict.fromkeys(listed, file)), listed)
+                    columns = self._load(file, dict.fromkeys(listed, file))
+                    columns.share_names(listed)  # just read: nothing else holds it yet
+                    self._shards[file] = columns
         return self._shards[file]
 
     def read_shards(self, files: Sequence[str], readers: int) -> None:
@@ -97,7 +102,9 @@ class LazyTensors(Mapping[str, TensorInfo]):
                     pass
 
     def __getitem__(self, key: str) -> TensorInfo:
-        return self.shard(self.weight_map[key])[key]
+        file = self.weight_map[key]
+        columns = self._shards.get(file)  # read already, most often: no call to ``shard``
+        return (columns if columns is not None else self.shard(file))[key]
 
     def __contains__(self, key: object) -> bool:
         return key in self.weight_map
@@ -108,18 +115,6 @@ class LazyTensors(Mapping[str, TensorInfo]):
 
     def __len__(self) -> int:
         return len(self.weight_map)
-
-
-def _same_names(tensors: list[TensorInfo], listed: list[str]) -> dict[str, TensorInfo]:
-    """``tensors`` by key, each named by the index's string where the index lists it: the
-    header's JSON gave every name a second copy (~80 bytes a tensor, held as long as the
-    checkpoint is open)."""
-    names = {key: key for key in listed}
-    for info in tensors:
-        name = names.get(info.key)
-        if name is not None and name is not info.key and type(info) is TensorInfo:
-            object.__setattr__(info, "key", name)  # just read: nothing else holds it yet
-    return {info.key: info for info in tensors}
 
 
 class LazyShards(Checkpoint):
@@ -133,7 +128,7 @@ class LazyShards(Checkpoint):
             return super().tensors_of_file(file)
         if file not in self.files:
             return []
-        return sorted(self.tensors.shard(file).values(), key=lambda t: t.offset)
+        return self.tensors.shard(file).infos()
 
     def tensor_keys(self) -> list[str]:
         if not isinstance(self.tensors, LazyTensors):

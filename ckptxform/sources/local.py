@@ -35,6 +35,7 @@ from ckptxform.errors import (
 from ckptxform.fileio import MAX_PREAD, read_into, read_small_file
 from ckptxform.sources.base import Checkpoint, TensorInfo
 from ckptxform.sources.file_listing import local_files
+from ckptxform.sources.header_columns import ShardColumns
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
@@ -42,7 +43,7 @@ from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
     check_shard_matches_index,
     header_length,
-    read_header,
+    read_header_columns,
 )
 from ckptxform.sources.strict_json import parse_json_object
 
@@ -246,19 +247,19 @@ class LocalCheckpoint(LazyShards):
                                         "indexed (re-download it)", path=label)
         return blob
 
-    def _load_shard(self, index: str, file: str, listed: Mapping[str, str]) -> list[TensorInfo]:
+    def _load_shard(self, index: str, file: str, listed: Mapping[str, str]) -> ShardColumns:
         """The tensors of shard ``file`` from its header, read now (the file pinned first),
         checked against what ``index`` maps to it."""
         try:
-            infos, self.metadata[file] = _read_one_header(self.root, file, self._pins)
+            columns, self.metadata[file] = _read_one_header(self.root, file, self._pins)
             assert isinstance(self.tensors, LazyTensors)
-            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in infos], label=index)
+            check_shard_matches_index(self.tensors.weight_map, listed, file, columns, label=index)
         except CkptxformError as err:  # raised while planning, far from open_local
             err.source = err.source or self.name
             raise
         except OSError as exc:
             raise _unreadable(exc, self.root / file, source=self.name) from None
-        return infos
+        return columns
 
     def _descriptor(self, file: str) -> int:
         with self._lock:
@@ -366,16 +367,18 @@ def _read_safetensors_headers(
     per_file: dict[str, list[TensorInfo]] = {}
     metadata: dict[str, dict[str, str]] = {}
     for file in layout.files:
-        per_file[file], metadata[file] = _read_one_header(layout.root, file, pins)
+        columns, metadata[file] = _read_one_header(layout.root, file, pins)
+        per_file[file] = columns.infos()
     return per_file, metadata
 
 
-def _read_one_header(root: Path, file: str, pins: dict[str, FilePin]) -> tuple[list[TensorInfo], dict[str, str]]:
+def _read_one_header(root: Path, file: str, pins: dict[str, FilePin]) -> tuple[ShardColumns, dict[str, str]]:
     """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``."""
     fd = os.open(root / file, os.O_RDONLY | os.O_CLOEXEC)
     try:
         pins[file] = pin_fd(root / file, fd)
-        return read_header(functools.partial(_pread, fd), file=file, file_size=pins[file].size, label=str(root / file))
+        return read_header_columns(functools.partial(_pread, fd), file=file, file_size=pins[file].size,
+                                   label=str(root / file))
     finally:
         os.close(fd)
 

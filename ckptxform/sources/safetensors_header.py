@@ -21,6 +21,7 @@ from typing import Any
 from ckptxform.dtypes import DTYPE_SIZES, nbytes
 from ckptxform.errors import CheckpointFormatError, quote_keys
 from ckptxform.sources.base import TensorInfo
+from ckptxform.sources.header_columns import ShardColumns
 from ckptxform.sources.strict_json import check_unicode, json_type, parse_json_object, quote_short, show_value
 
 #: The largest header accepted, as in the safetensors Rust crate (``MAX_HEADER_SIZE``):
@@ -64,23 +65,27 @@ def parse_header_json(
     bytes after the 8-byte length). ``file`` goes into each ``TensorInfo``; ``label``
     (default ``file``) names the file in error messages. Offsets are absolute:
     ``8 + len(blob) + begin``."""
+    columns, metadata = parse_header_columns(blob, file=file, file_size=file_size, label=label)
+    return columns.infos(), metadata
+
+
+def parse_header_columns(
+    blob: bytes, *, file: str, file_size: int | None, label: str | None = None
+) -> tuple[ShardColumns, dict[str, str]]:
+    """``parse_header_json``'s tensors as columns, no ``TensorInfo`` made: what a sharded
+    checkpoint keeps of each header it reads (``sources/header_columns.py``)."""
     label = label or file
     header = parse_json_object(blob, label, what="header", fix=_NOT_SAFETENSORS)
     metadata = _parse_metadata(header.pop(_METADATA_KEY, None), label)
     data_size = None if file_size is None else file_size - 8 - len(blob)
     spans: list[tuple[int, int, str]] = []
-    tensors: list[TensorInfo] = []
-    #: one object per distinct dtype and shape (a MoE's experts share a few): JSON gives
-    #: each tensor its own, ~150 bytes a tensor held as long as the checkpoint is open
-    shared: dict[Any, Any] = {}
+    entries: list[tuple[str, str, tuple[int, ...], int]] = []
     for key, entry in header.items():
         dtype, shape, begin, end = _parse_entry(key, entry, label, data_size)
         spans.append((begin, end, key))
-        dtype, shape = shared.setdefault(dtype, dtype), shared.setdefault(shape, shape)
-        tensors.append(TensorInfo(key, dtype, shape, file, 8 + len(blob) + begin, end - begin))
+        entries.append((key, dtype, shape, begin))
     _check_no_overlap(spans, label)
-    tensors.sort(key=lambda t: (t.offset, t.key))
-    return tensors, metadata
+    return ShardColumns(file, 8 + len(blob), entries), metadata
 
 
 def read_header(
@@ -92,6 +97,18 @@ def read_header(
 ) -> tuple[list[TensorInfo], dict[str, str]]:
     """Read and parse a header through ``read_at(offset, length)`` (which may return
     fewer bytes at the end of the file): two reads, 8 bytes then the JSON."""
+    columns, metadata = read_header_columns(read_at, file=file, file_size=file_size, label=label)
+    return columns.infos(), metadata
+
+
+def read_header_columns(
+    read_at: Callable[[int, int], bytes],
+    *,
+    file: str,
+    file_size: int | None,
+    label: str | None = None,
+) -> tuple[ShardColumns, dict[str, str]]:
+    """``read_header``'s tensors as columns (``parse_header_columns``)."""
     label = label or file
     n = header_length(read_at(0, 8), file_size=file_size, label=label)
     blob = read_at(8, n)
@@ -101,7 +118,7 @@ def read_header(
             "the file is truncated (re-download it)",
             path=label,
         )
-    return parse_header_json(blob, file=file, file_size=file_size, label=label)
+    return parse_header_columns(blob, file=file, file_size=file_size, label=label)
 
 
 def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str, str]:

@@ -73,12 +73,13 @@ from ckptxform.sources.hub.fetch import (
 from ckptxform.sources.hub.http import PARALLEL_REQUESTS, RangeIgnored, RemoteFile
 from ckptxform.sources.hub.index import load_json
 from ckptxform.sources.hub.meter import ByteCounter, expect
+from ckptxform.sources.header_columns import ShardColumns
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
 from ckptxform.sources.safetensors_header import (
     check_shard_matches_index,
     header_length,
-    parse_header_json,
+    parse_header_columns,
     parse_index_json,
 )
 
@@ -347,7 +348,7 @@ class HubCheckpoint(LazyShards):
             single = self._header(ADAPTER_WEIGHTS, missing_ok=True)
             if single is not None:
                 self.files = (ADAPTER_WEIGHTS,)
-                self.tensors = {t.key: t for t in single}
+                self.tensors = {t.key: t for t in single.infos()}
                 return
         if single is None:
             listed = self.list_files()
@@ -364,15 +365,15 @@ class HubCheckpoint(LazyShards):
                 path=SAFETENSORS_SINGLE,
             )
         self.files = (SAFETENSORS_SINGLE,)
-        self.tensors = {t.key: t for t in single}
+        self.tensors = {t.key: t for t in single.infos()}
 
-    def _shard_tensors(self, file: str, listed: Mapping[str, str]) -> list[TensorInfo]:
+    def _shard_tensors(self, file: str, listed: Mapping[str, str]) -> ShardColumns:
         """The tensors of shard ``file``, checked against what the index maps to it."""
         try:
             tensors = self._header(file)
             assert tensors is not None
             assert isinstance(self.tensors, LazyTensors)
-            check_shard_matches_index(self.tensors.weight_map, listed, file, [t.key for t in tensors],
+            check_shard_matches_index(self.tensors.weight_map, listed, file, tensors,
                                       label=self._label(SAFETENSORS_INDEX))
         except CkptxformError as err:  # raised while planning, far from open_hub
             err.source = err.source or self.name
@@ -385,7 +386,7 @@ class HubCheckpoint(LazyShards):
         self.tensors_of_file(file)  # its header read (and checked against the index), if not yet
         return self._header_blob(file)[1]
 
-    def _header(self, file: str, *, missing_ok: bool = False) -> list[TensorInfo] | None:
+    def _header(self, file: str, *, missing_ok: bool = False) -> ShardColumns | None:
         """The tensors of ``file``'s header."""
         label = self._label(file)
         try:
@@ -394,7 +395,7 @@ class HubCheckpoint(LazyShards):
             if missing_ok:
                 return None
             raise
-        tensors, metadata = parse_header_json(raw[8:], file=file, file_size=size, label=label)
+        tensors, metadata = parse_header_columns(raw[8:], file=file, file_size=size, label=label)
         self.metadata[file] = metadata
         return tensors
 
