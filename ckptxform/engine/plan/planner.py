@@ -83,8 +83,8 @@ class Plan:
     def counts(self) -> dict[str, int]:
         """How many source tensors took each action."""
         out: dict[str, int] = {}
-        for record in self.records:
-            out[record.action] = out.get(record.action, 0) + 1
+        for action in self.records.actions():
+            out[action] = out.get(action, 0) + 1
         return out
 
     # A plan holds nothing to release; ``with api.plan(...) as p`` and ``close()`` keep working.

@@ -54,6 +54,15 @@ def copied_record(out: OutputPlan, template: bool) -> TensorRecord:
     return TensorRecord(recipe.source, recipe.key, action, out.key, out.shape, out.input_dtype, out.rule, why)
 
 
+def _action(item: TensorRecord | OutputPlan, matched_to: frozenset[str]) -> str:
+    """``_made(item, matched_to).action``, without making the record."""
+    if type(item) is TensorRecord:
+        return item.action
+    recipe = item.recipe
+    assert type(recipe) is CopyTensor and type(item) is OutputPlan
+    return copy_wording(item.rule in matched_to, recipe.key, [item.key], item.input_dtype, item.dtype)[0]
+
+
 def _made(item: TensorRecord | OutputPlan, matched_to: frozenset[str]) -> TensorRecord:
     return item if type(item) is TensorRecord else copied_record(item, item.rule in matched_to)  # type: ignore[union-attr, arg-type]
 
@@ -139,6 +148,12 @@ class Records(Sequence[TensorRecord]):
     def __iter__(self) -> Iterator[TensorRecord]:
         matched_to = self._matched_to
         return (_made(item, matched_to) for item in self._items)
+
+    def actions(self) -> Iterator[str]:
+        """Each record's action, in order (made from its output without the record: counting
+        a 200,000-tensor plan's actions, twice an apply, was ~0.3 s each making them)."""
+        matched_to = self._matched_to
+        return (_action(item, matched_to) for item in self._items)
 
     def stored(self) -> Iterator[TensorRecord]:
         """The records held as records: every one but those of tensors copied whole (loaded,
