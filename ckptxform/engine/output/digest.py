@@ -34,6 +34,7 @@ from ...errors import quote
 from ...sources.file_content import content_key, is_whole, whole_digest
 from ...where import Where
 from ..plan.planner import Plan
+from ..plan.record_table import Records
 
 #: fields that say where in the rule file something was written, not what it asks
 _POSITIONS = frozenset({"rule", "where"})
@@ -230,7 +231,7 @@ def _sha256_by_item(obj: dict[str, Any]) -> str:
         text(key)
         sha.update(b":")
         value = obj[key]
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple, Records)):
             sha.update(b"[")
             for j, item in enumerate(value):
                 if j:
@@ -265,6 +266,6 @@ def _canonical(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, Records)):  # a plan's records: made a record at a time
         return [v if type(v) in _PLAIN else _canonical(v) for v in value]
     return value

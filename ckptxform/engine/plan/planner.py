@@ -17,7 +17,7 @@ from typing import Any
 
 from ...bulk_gc import collector_paused
 from ...dtypes import USER_DTYPES
-from ...errors import PlanError, SourceNotFoundError, UnmatchedRuleError, printable, quote_keys
+from ...errors import PlanError, SourceNotFoundError, UnmatchedRuleError, quote_keys
 from ...rules.model import AddEntry, RuleSet, TensorRule
 from ...sources.base import Checkpoint, TensorInfo
 from ...sources.pins import FilePin
@@ -31,17 +31,15 @@ from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
 from .output_checks import gguf_output_problem, key_problem, tie_problem, value_problem
+from .producers import Producers, RuleRead, rules_by_position
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TargetReason, TensorRecord, VocabField
 from .references import References
 from .requirements import check_requirements
-from .record_table import RecordTable
+from .record_table import RecordTable, Records, cast_words, copy_wording
 from .unread_shards import complete_unread_records, source_tensors, unread_record
 from .vocab_maps import read_vocab_map
 
 _FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-#: the reasons of a rule's tensors, made from their targets when the audit is written
-_RENAMED_TO = TargetReason("matched, renamed to ")
-_MATCHED_TO = TargetReason("matched -> ")
 
 
 @dataclass
@@ -53,7 +51,8 @@ class Plan:
 
     rules: RuleSet
     outputs: tuple[OutputPlan, ...]
-    records: tuple[TensorRecord, ...]
+    #: made a record at a time when read (record_table.py)
+    records: Records
     alignments: dict[str, Alignment]
     vocab_maps: dict[str, VocabMap]
     config: dict[str, Any] | None
@@ -84,8 +83,8 @@ class Plan:
     def counts(self) -> dict[str, int]:
         """How many source tensors took each action."""
         out: dict[str, int] = {}
-        for record in self.records:
-            out[record.action] = out.get(record.action, 0) + 1
+        for action in self.records.actions():
+            out[action] = out.get(action, 0) + 1
         return out
 
     # A plan holds nothing to release; ``with api.plan(...) as p`` and ``close()`` keep working.
@@ -165,27 +164,17 @@ def _matched_sources(rules: RuleSet) -> list[str]:
     return [rules.convert, *dict.fromkeys(r.source for r in rules.tensors if r.source and r.source != rules.convert)]
 
 
-@dataclass(frozen=True, slots=True)
-class _RuleRead:
-    """A rule's output read from ``source``'s tensor ``key``, as messages name what writes it:
-    made into text only for a message (as a str it was ~140 bytes an output while planning)."""
-
-    rule: TensorRule
-    source: str
-    key: str
-
-    def __str__(self) -> str:
-        return f"{self.rule.label} (from {self.source}:{printable(self.key)})"
-
-
 class _Planner:
     def __init__(self, rules: RuleSet, checkpoints: dict[str, Checkpoint]) -> None:
         self.rules = rules
         self.ckpts = checkpoints
         self.outputs: dict[str, OutputPlan] = {}
+        #: the rules an output's position names (those that share none)
+        self._rule_at = rules_by_position(rules.tensors)
         #: what writes each output key, for messages (its str(): ``tensors[0] (rules.yaml:6) (from model:x)``)
-        self.producer: dict[str, str | _RuleRead] = {}
-        self.records = RecordTable(rules.convert)
+        self.producer = Producers(self.outputs, self._rule_at)
+        self.records = RecordTable(rules.convert, frozenset(
+            where for where, rule in self._rule_at.items() if rule.template is not None))
         self.files_opened: dict[str, set[str]] = {}
         self.warnings: list[str] = []
         self.vocab: dict[str, VocabMap] = {}
@@ -226,7 +215,7 @@ class _Planner:
             for name, ckpt in self.ckpts.items()
         }
         return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
-                    records=tuple(self.records), alignments=self.alignments, vocab_maps=self.vocab,
+                    records=self.records.frozen(), alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
                     pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})
@@ -258,10 +247,10 @@ class _Planner:
     def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
                 rule: str | None, reason: str | TargetReason) -> None:
         """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
+        if action == "unused" and self.records.has(source, info.key):
+            return  # asked before get(), which makes the record of a tensor held as its output
         earlier = self.records.get(source, info.key)
         if earlier is not None:
-            if action == "unused":
-                return
             if isinstance(reason, TargetReason):  # said of this target, which may not be the one kept
                 reason = reason.text(target)
             if earlier.action != "vocab" and (earlier.target is not None or target is None):
@@ -273,7 +262,7 @@ class _Planner:
                 reason = f"{reason}; {earlier.reason}"
         self.records.put(TensorRecord(source, info.key, action, target, info.shape, info.dtype, rule, reason))
 
-    def _add_output(self, out: OutputPlan, producer: str | _RuleRead) -> None:
+    def _add_output(self, out: OutputPlan, producer: str | RuleRead) -> None:
         why = key_problem(out.key)
         if why is not None:
             raise PlanError(f"{producer}: output key {out.key!r} is not a valid tensor name: {why}; change the "
@@ -285,7 +274,7 @@ class _Planner:
             raise PlanError(f"{producer} and {self.producer[out.key]} both write output key {out.key!r}; "
                             "two tensors cannot be written to one key: rename one of them", key=out.key)
         self.outputs[out.key] = out
-        self.producer[out.key] = producer
+        self.producer.add(out, producer)
 
     def _out_dtype(self, input_dtype: str, cast: str | None) -> str:
         if cast:
@@ -400,14 +389,18 @@ class _Planner:
             self._add_output(OutputPlan(planned.key, dtype, planned.shape, planned.recipe, planned.dtype,
                                         rule.where.short,
                                         loaded=source == self.rules.convert and planned.recipe.carries_bytes_of(source)),
-                             _RuleRead(rule, source, planned.members[0].key) if planned.members else rule.label)
+                             RuleRead(rule, source, planned.members[0].key) if planned.members else rule.label)
             for info in planned.members:
                 targets.setdefault(info.key, []).append(planned.key)
         actions = {step.op.action for step in rule.ops}
+        # its tensors copied whole are held as their outputs (record_table.py)
+        by_output = not rule.ops and self._rule_at.get(rule.where.short) is rule
         for info in members:
             outs = targets.get(info.key, [])
             if not outs:
                 self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
+                continue
+            if by_output and len(outs) == 1 and self.records.put_copied(source, info, self.outputs[outs[0]]):
                 continue
             dtype = self._out_dtype(info.dtype, rule.cast)
             if rule.ops and info.key not in unchanged:
@@ -415,19 +408,12 @@ class _Planner:
                 actions.add(action)
                 reason: str | TargetReason = said.get(info.key) or chain
             else:
-                action = "renamed" if outs != [info.key] else "loaded"
-                if rule.template is not None:
-                    reason = _MATCHED_TO
-                else:  # a match rule's wording, as the audit has always put it
-                    reason = "matched" if action != "renamed" else (
-                        _RENAMED_TO if len(outs) == 1 else f"matched, renamed to {outs[0]!r}")
-                    action = "cast" if action == "loaded" and dtype != info.dtype else action
+                action, reason = copy_wording(rule.template is not None, info.key, outs, info.dtype, dtype)
             target = outs[0] if len(outs) == 1 else tuple(outs)
             more = ""
             if rule.ops and info.key in unchanged:  # an op that passed it through may say why (quantize's ignore)
                 more += "".join(f"; {why}" for step in rule.ops if (why := step.op.kept_reason(step.args, info.key)))
-            if dtype != info.dtype:
-                more += f", cast {info.dtype} -> {dtype}"
+            more += cast_words(info.dtype, dtype)
             if more:
                 reason = (reason.text(target) if isinstance(reason, TargetReason) else reason) + more
             self._record(source, info, action, target, rule.where.short, reason)

@@ -70,7 +70,7 @@ def complete_unread_records(records: RecordTable, ckpts: Mapping[str, Checkpoint
     """Give shape and dtype to the records of a shard first left unread whose header a
     later step read after all (an ``add``, a fill's rows, a config reference)."""
     # the few to change first: a list of every record was ~70 bytes a tensor at planning's peak
-    read_since = [record for record in records if record.unread_file is not None
+    read_since = [record for record in records.stored() if record.unread_file is not None
                   and ckpts[record.source].unread_header_keys(record.unread_file) is None]
     for record in read_since:
         info = ckpts[record.source].tensors[record.key]
