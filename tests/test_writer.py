@@ -143,6 +143,18 @@ def test_layout_sharded_names_derive_from_the_file_name_stem() -> None:
     assert layout.index_file == "drafter.safetensors.index.json"
 
 
+def test_index_text_is_the_index_json_of_json_dump_byte_for_byte() -> None:
+    # keys out of order across shards and within one, escapes and non-ASCII, a zero-size one
+    keys = ["z.w", "b\"quote", "a.\u00e9t\u00e9", "m\\back", "a.0", "\u4e2d.w", "ctl\x01", "A.w", "y"]
+    layout = plan_layout([u8(key, 7 * (i % 3)) for i, key in enumerate(keys)], max_shard_size=10)
+    assert len(layout.shards) > 2
+    expected = json.dumps(layout.index_json(), indent=2)
+    assert "".join(layout.index_text()) == expected
+    assert json.loads(expected)["weight_map"] == {p.spec.key: s.file for s in layout.shards for p in s.tensors}
+    empty = plan_layout([], max_shard_size=10)
+    assert "".join(empty.index_text()) == json.dumps(empty.index_json(), indent=2)
+
+
 def test_layout_rejects_duplicate_and_reserved_keys_and_bad_limits() -> None:
     with pytest.raises(PlanError, match="output tensor 'a' is produced twice"):
         plan_layout([u8("a", 1), u8("a", 2)], max_shard_size=None)

@@ -69,7 +69,12 @@ class ShardColumns(Mapping[str, TensorInfo]):
 
     def share_names(self, names: Iterable[str]) -> None:
         """Hold each key as the string object of ``names`` equal to it (the index's), where
-        there is one: the header's JSON gave every name a second copy (~80 bytes a tensor)."""
+        there is one: the header's JSON gave every name a second copy (~80 bytes a tensor).
+        ``names`` sorted and the same as the keys (an index that agrees with its header):
+        that tuple itself is kept (a second one was 8 bytes a tensor)."""
+        if isinstance(names, tuple) and names == self._keys:
+            self._keys = names
+            return
         same = {name: name for name in names}
         self._keys = tuple(same.get(key, key) for key in self._keys)
 

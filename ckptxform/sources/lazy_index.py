@@ -55,10 +55,11 @@ class LazyTensors(Mapping[str, TensorInfo]):
         self.weight_map = weight_map
         self._files = files
         self._load = load  # (file, the part of the weight map naming it) -> its tensors
-        #: each file's keys, as the index lists them (its string objects)
-        self._by_file: dict[str, list[str]] = {}
+        #: each file's keys, as the index lists them (its string objects); replaced by the
+        #: sorted tuple once that is made (both kept were 17 bytes a tensor)
+        self._by_file: dict[str, list[str] | tuple[str, ...]] = {}
         for key, file in weight_map.items():
-            self._by_file.setdefault(file, []).append(key)
+            self._by_file.setdefault(file, []).append(key)  # type: ignore[union-attr]
         #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
         self._sorted: dict[str, tuple[str, ...]] = {}
         self._shards: dict[str, ShardColumns] = {}
@@ -79,6 +80,8 @@ class LazyTensors(Mapping[str, TensorInfo]):
         keys = self._sorted.get(file)
         if keys is None:
             keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, ())))
+            if file in self._by_file:
+                self._by_file[file] = keys
         return keys
 
     def shard(self, file: str) -> ShardColumns:
@@ -87,7 +90,7 @@ class LazyTensors(Mapping[str, TensorInfo]):
         if file not in self._shards:
             with self._locks.get(file) or threading.Lock():
                 if file not in self._shards:
-                    listed = self._by_file.get(file, [])
+                    listed = self.keys_of(file)
                     columns = self._load(file, dict.fromkeys(listed, file))
                     columns.share_names(listed)  # just read: nothing else holds it yet
                     self._shards[file] = columns

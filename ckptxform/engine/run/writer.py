@@ -192,7 +192,7 @@ def write_index(out: WriteTarget, layout: OutputLayout) -> None:
     # of small strings at 200,000 tensors, the peak of such a run (and its RSS after)
     try:
         with (out.tmp_path / layout.index_file).open("w", encoding="utf-8") as file:
-            json.dump(layout.index_json(), file, indent=2)
+            file.writelines(layout.index_text())
             file.write("\n")
     except OSError as err:
         raise _write_error(out, layout.index_file, err) from None
