@@ -104,8 +104,9 @@ def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> Layout:
     root = index.parent
     check_inside(index, root)
     pin = pin_path(index)  # before reading: a later write must show
-    blob = read_small_file(index, MAX_HEADER_BYTES, what="a shard index")
-    weight_map = parse_index_json(blob, label=str(index), shard_suffix=f".{kind}")
+    # the bytes passed inline: parse_index_json frees them once decoded
+    weight_map = parse_index_json(read_small_file(index, MAX_HEADER_BYTES, what="a shard index"),
+                                  label=str(index), shard_suffix=f".{kind}")
     files = tuple(sorted(set(weight_map.values())))
     return Layout(root, kind, files, index=index, weight_map=weight_map, index_pin=pin)
 

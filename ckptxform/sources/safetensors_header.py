@@ -22,7 +22,7 @@ from ckptxform.dtypes import DTYPE_SIZES, nbytes
 from ckptxform.errors import CheckpointFormatError, quote_keys
 from ckptxform.sources.base import TensorInfo
 from ckptxform.sources.header_columns import ShardColumns
-from ckptxform.sources.strict_json import check_unicode, json_type, parse_json_object, quote_short, show_value
+from ckptxform.sources.strict_json import check_unicode, json_type, parse_json_object, quote_short, show_value, utf8_text
 
 #: The largest header accepted, as in the safetensors Rust crate (``MAX_HEADER_SIZE``):
 #: a bigger length is corruption or an attempt to make us allocate gigabytes.
@@ -125,9 +125,12 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
     """The ``weight_map`` (tensor name -> shard file) of a shard index such as
     ``model.safetensors.index.json``. Every shard must be a plain file name ending with
     ``shard_suffix``: an index must not point outside its own directory."""
-    index = parse_json_object(
-        blob, label, what="index", fix="the index is corrupt (re-download it)"
-    )
+    fix = "the index is corrupt (re-download it)"
+    text = utf8_text(blob, label, what="index", fix=fix)
+    # a caller that passed its bytes inline holds them no longer: freed before the parse,
+    # whose peak was the peak of planning a million tensors (the file is ~80 bytes a tensor)
+    del blob
+    index = parse_json_object(text, label, what="index", fix=fix)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointFormatError(

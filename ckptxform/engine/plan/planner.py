@@ -214,8 +214,11 @@ class _Planner:
                                fingerprint=ckpt.fingerprint())
             for name, ckpt in self.ckpts.items()
         }
-        return Plan(rules=self.rules, outputs=tuple(self.outputs[k] for k in sorted(self.outputs)),
-                    records=self.records.frozen(), alignments=self.alignments, vocab_maps=self.vocab,
+        # the records first, their table freed: the end of planning was the peak of a run
+        records = self.records.take()
+        outputs = tuple(self.outputs[k] for k in sorted(self.outputs))
+        return Plan(rules=self.rules, outputs=outputs,
+                    records=records, alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
                     files=plan_files(self.rules, self.ckpts), vocab_files=self.vocab_files, ties=tuple(self.ties),
                     pins={name: ckpt.pins() for name, ckpt in self.ckpts.items()})

@@ -108,9 +108,13 @@ class RecordTable:
         """The records held as records (none of them copied whole by a rule without ops)."""
         return (item for item in self._records.values() if type(item) is TensorRecord)  # type: ignore[misc]
 
-    def frozen(self) -> Records:
-        """The records as they stand, for the plan."""
-        return Records(tuple(self._records.values()), self._matched_to)
+    def take(self) -> Records:
+        """The records as they stand, for the plan, leaving the table empty: its dict (~40
+        bytes a tensor) is freed before the plan's next tuple is made, not kept beside it
+        to the planner's end."""
+        records = Records(tuple(self._records.values()), self._matched_to)
+        self._records = {}
+        return records
 
     def __iter__(self) -> Iterator[TensorRecord]:
         matched_to = self._matched_to
