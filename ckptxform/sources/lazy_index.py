@@ -55,13 +55,12 @@ class LazyTensors(Mapping[str, TensorInfo]):
         self.weight_map = weight_map
         self._files = files
         self._load = load  # (file, the part of the weight map naming it) -> its tensors
-        #: each file's keys, as the index lists them (its string objects); replaced by the
-        #: sorted tuple once that is made (both kept were 17 bytes a tensor)
+        #: each file's keys, as the index lists them (its string objects), in a list until
+        #: first asked for, then sorted in a tuple: once, since they are asked per skipped
+        #: key (a sort per call was quadratic); one of the two kept (both were 17 bytes a tensor)
         self._by_file: dict[str, list[str] | tuple[str, ...]] = {}
         for key, file in weight_map.items():
             self._by_file.setdefault(file, []).append(key)  # type: ignore[union-attr]
-        #: each file's keys sorted once: asked per skipped key, a sort per call was quadratic
-        self._sorted: dict[str, tuple[str, ...]] = {}
         self._shards: dict[str, ShardColumns] = {}
         # one read of a header when two threads ask for it at once; other headers meanwhile
         self._locks = {file: threading.Lock() for file in files}
@@ -77,11 +76,9 @@ class LazyTensors(Mapping[str, TensorInfo]):
 
     def keys_of(self, file: str) -> tuple[str, ...]:
         """The keys the index assigns to ``file``, sorted (once per file); no header is read."""
-        keys = self._sorted.get(file)
-        if keys is None:
-            keys = self._sorted[file] = tuple(sorted(self._by_file.get(file, ())))
-            if file in self._by_file:
-                self._by_file[file] = keys
+        keys = self._by_file.get(file, ())
+        if type(keys) is not tuple:
+            keys = self._by_file[file] = tuple(sorted(keys))
         return keys
 
     def shard(self, file: str) -> ShardColumns:

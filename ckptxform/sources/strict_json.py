@@ -102,16 +102,16 @@ def parse_json(blob: bytes | str, label: str, *, what: str, fix: str) -> Any:
     # no key was given twice. Only otherwise, or on any error, is it read again a pair at a
     # time, for the exact error: the pairs (a tuple each, in a list an object) were ~70
     # bytes a key of a shard index, the peak of planning a million tensors.
+    numbers: dict[str, Any] = {"parse_constant": _refuse_constant, "parse_float": finite_float,
+                               "parse_int": bounded_int}
     try:
-        value = json.loads(text, object_hook=counted, parse_constant=_refuse_constant,
-                           parse_float=finite_float, parse_int=bounded_int)
+        value = json.loads(text, object_hook=counted, **numbers)
         if keys == _key_count(text):
             return value
     except (CheckpointFormatError, ValueError, RecursionError):
         pass
     try:
-        return json.loads(text, object_pairs_hook=unique_pairs, parse_constant=_refuse_constant,
-                          parse_float=finite_float, parse_int=bounded_int)
+        return json.loads(text, object_pairs_hook=unique_pairs, **numbers)
     except CheckpointFormatError:
         raise
     except json.JSONDecodeError as exc:

@@ -36,6 +36,9 @@ from ...where import Where
 from ..plan.planner import Plan
 from ..plan.record_table import Records
 
+#: what the digest hashes item by item (a plan's records: made a record at a time)
+_SEQUENCES = (list, tuple, Records)
+
 #: fields that say where in the rule file something was written, not what it asks
 _POSITIONS = frozenset({"rule", "where"})
 
@@ -231,7 +234,7 @@ def _sha256_by_item(obj: dict[str, Any]) -> str:
         text(key)
         sha.update(b":")
         value = obj[key]
-        if isinstance(value, (list, tuple, Records)):
+        if isinstance(value, _SEQUENCES):
             sha.update(b"[")
             for j, item in enumerate(value):
                 if j:
@@ -266,6 +269,6 @@ def _canonical(value: Any) -> Any:
         return value
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, Records)):  # a plan's records: made a record at a time
+    if isinstance(value, _SEQUENCES):
         return [v if type(v) in _PLAIN else _canonical(v) for v in value]
     return value

@@ -3,7 +3,7 @@
 
 An output a rule copies from one source tensor (a ``CopyTensor``) says its producer
 itself: its ``rule`` is the rule's position, its recipe the tensor it reads. Those are
-made when a message asks; only the others are held (a ``_RuleRead`` and a dict entry an
+made when a message asks; only the others are held (a ``RuleRead`` and a dict entry an
 output were ~95 bytes a tensor while planning 200,000 renames).
 """
 
