@@ -1,7 +1,7 @@
 """One safetensors header's tensors held as columns: a read-only mapping key -> ``TensorInfo``
 whose entries are made when asked for, not kept.
 
-A sharded checkpoint keeps every header it read as long as it is open. As a dict of
+A sharded checkpoint keeps the headers it read last (``lazy_index``). As a dict of
 ``TensorInfo`` (an object and a boxed offset each, a dict slot) that was ~145 bytes a
 tensor; as columns, ~22: the keys sorted in a tuple (found by bisection: no dict, no boxed
 int per key), each tensor's data offset in an ``array('Q')``, its dtype and shape as an
@@ -14,6 +14,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
+from sys import getsizeof
 
 from ckptxform.dtypes import nbytes
 from ckptxform.sources.base import TensorInfo
@@ -67,24 +68,31 @@ class ShardColumns(Mapping[str, TensorInfo]):
         #: positions in offset order; a stable sort of key-sorted rows breaks ties by key
         self._order = array("I", sorted(range(len(rows)), key=self._begins.__getitem__))
 
-    def share_names(self, names: Iterable[str]) -> None:
-        """Hold each key as the string object of ``names`` equal to it (the index's), where
-        there is one: the header's JSON gave every name a second copy (~80 bytes a tensor).
-        ``names`` sorted and the same as the keys (an index that agrees with its header):
-        that tuple itself is kept (a second one was 8 bytes a tensor)."""
-        if isinstance(names, tuple) and names == self._keys:
-            self._keys = names
-            return
-        same = {name: name for name in names}
-        self._keys = tuple(same.get(key, key) for key in self._keys)
+    @property
+    def sorted_keys(self) -> tuple[str, ...]:
+        """The keys, sorted."""
+        return self._keys
+
+    def held_bytes(self) -> int:
+        """About what these columns hold (a cache of them is bounded by it)."""
+        keys = self._keys
+        return (sum(map(getsizeof, keys)) + getsizeof(keys) + getsizeof(self._types)
+                + sum(column.itemsize * len(column) for column in (self._begins, self._kinds, self._order)))
 
     def __getitem__(self, key: str) -> TensorInfo:
+        info = self.find(key)
+        if info is None:
+            raise KeyError(key)
+        return info
+
+    def find(self, key: str) -> TensorInfo | None:
+        """``self[key]``, or None: no exception for a key of another shard."""
         # asked several times a tensor by a plan and its run: one call, no helper (each
         # nested call cost ~0.1 us)
         keys = self._keys
         position = bisect_left(keys, key) if isinstance(key, str) else len(keys)
         if position == len(keys) or keys[position] != key:
-            raise KeyError(key)
+            return None
         return _tensor_info(keys[position], self._types[self._kinds[position]], self.file,
                             self._base + self._begins[position])
 

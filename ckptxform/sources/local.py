@@ -41,7 +41,6 @@ from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
-    check_shard_matches_index,
     header_length,
     read_header_columns,
 )
@@ -247,13 +246,13 @@ class LocalCheckpoint(LazyShards):
                                         "indexed (re-download it)", path=label)
         return blob
 
-    def _load_shard(self, index: str, file: str, listed: Mapping[str, str]) -> ShardColumns:
-        """The tensors of shard ``file`` from its header, read now (the file pinned first),
-        checked against what ``index`` maps to it."""
+    def _load_shard(self, index: str, file: str) -> ShardColumns:
+        """The tensors of shard ``file`` from its header, read now (the file pinned the
+        first time, checked against its pin after), checked against what ``index`` maps to it."""
         try:
             columns, self.metadata[file] = _read_one_header(self.root, file, self._pins)
             assert isinstance(self.tensors, LazyTensors)
-            check_shard_matches_index(self.tensors.weight_map, listed, file, columns, label=index)
+            self.tensors.check_shard(file, columns, label=index)
         except CkptxformError as err:  # raised while planning, far from open_local
             err.source = err.source or self.name
             raise
@@ -288,7 +287,7 @@ def _open_layout(layout: Layout, *, location: str, name: str | None) -> LocalChe
     for file in layout.files:
         shard = layout.root / file
         if not shard.exists():
-            keys = [k for k, s in (layout.weight_map or {}).items() if s == file]
+            keys = [k for k, s in (layout.weight_map or {}).items() if s == file]  # an error: read again
             raise SourceNotFoundError(
                 f"{layout.index}: maps {quote_keys(keys, 3)} to shard {file!r}, which does "
                 f"not exist in {layout.root}; download the missing shard or fix the index",
@@ -373,10 +372,15 @@ def _read_safetensors_headers(
 
 
 def _read_one_header(root: Path, file: str, pins: dict[str, FilePin]) -> tuple[ShardColumns, dict[str, str]]:
-    """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``."""
+    """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``
+    (or, pinned already, refused if it changed since)."""
     fd = os.open(root / file, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pins[file] = pin_fd(root / file, fd)
+        pin, known = pin_fd(root / file, fd), pins.get(file)
+        if known is None:
+            pins[file] = pin
+        elif (moved := known.difference(pin)) is not None:  # read again: the file it was
+            raise changed_error(known.path, moved)
         return read_header_columns(functools.partial(_pread, fd), file=file, file_size=pins[file].size,
                                    label=str(root / file))
     finally:

@@ -7,6 +7,7 @@ that leads out of the checkpoint directory is refused (``check_inside``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,9 @@ from typing import Literal
 from ckptxform.errors import CheckpointFormatError, SourceNotFoundError, quote_keys
 from ckptxform.fileio import read_small_file
 from ckptxform.sources.model_parallel import shard_files
-from ckptxform.sources.pins import FilePin, pin_path
+from ckptxform.sources.pins import FilePin, changed_error, pin_path
 from ckptxform.sources.safetensors_header import MAX_HEADER_BYTES, parse_index_json
+from ckptxform.sources.shard_index import open_shard_index
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -104,11 +106,24 @@ def _index_layout(index: Path, kind: Literal["safetensors", "bin"]) -> Layout:
     root = index.parent
     check_inside(index, root)
     pin = pin_path(index)  # before reading: a later write must show
-    # the bytes passed inline: parse_index_json frees them once decoded
-    weight_map = parse_index_json(read_small_file(index, MAX_HEADER_BYTES, what="a shard index"),
-                                  label=str(index), shard_suffix=f".{kind}")
-    files = tuple(sorted(set(weight_map.values())))
+    read = functools.partial(read_small_file, index, MAX_HEADER_BYTES, what="a shard index")
+    if kind == "safetensors":  # scanned, no dict of every key (a .bin source holds them all anyway)
+        weight_map: Mapping[str, str] = open_shard_index(index, label=str(index), shard_suffix=f".{kind}",
+                                                         limit=MAX_HEADER_BYTES, read_bytes=read,
+                                                         check=functools.partial(_check_pin, pin))
+        files = weight_map.files  # type: ignore[attr-defined]
+    else:
+        # the bytes passed inline: parse_index_json frees them once decoded
+        weight_map = parse_index_json(read(), label=str(index), shard_suffix=f".{kind}")
+        files = tuple(sorted(set(weight_map.values())))
     return Layout(root, kind, files, index=index, weight_map=weight_map, index_pin=pin)
+
+
+def _check_pin(pin: FilePin) -> None:
+    """Refuse a file read again that changed since it was pinned."""
+    moved = pin.difference(pin_path(pin.path))
+    if moved is not None:
+        raise changed_error(pin.path, moved)
 
 
 def check_inside(path: Path, root: Path) -> None:

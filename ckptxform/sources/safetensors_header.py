@@ -146,7 +146,7 @@ def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str,
                 path=label,
                 key=key,
             )
-        if not _is_plain_file_name(shard):
+        if not is_plain_file_name(shard):
             raise CheckpointFormatError(
                 f"{label}: weight_map maps {quote_short(key)} to {quote_short(shard)}, which is not "
                 "a plain file name; shards must sit next to the index (no '/', '\\', "
@@ -326,7 +326,7 @@ def _check_no_overlap(spans: list[tuple[int, int, str]], label: str) -> None:
             previous = (begin, end, key)
 
 
-def _is_plain_file_name(name: str) -> bool:
+def is_plain_file_name(name: str) -> bool:
     return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 

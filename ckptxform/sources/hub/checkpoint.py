@@ -39,6 +39,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,12 +77,8 @@ from ckptxform.sources.hub.meter import ByteCounter, expect
 from ckptxform.sources.header_columns import ShardColumns
 from ckptxform.sources.lazy_index import LazyShards, LazyTensors, weak_loader
 from ckptxform.sources.hub.ranges import RangeCache, Span, plan_requests
-from ckptxform.sources.safetensors_header import (
-    check_shard_matches_index,
-    header_length,
-    parse_header_columns,
-    parse_index_json,
-)
+from ckptxform.sources.safetensors_header import header_length, parse_header_columns
+from ckptxform.sources.shard_index import open_shard_index
 
 __all__ = ["HubCheckpoint", "Policy", "Retry", "open_hub", "parse_hub_location", "split_fetch_option"]
 
@@ -338,10 +335,10 @@ class HubCheckpoint(LazyShards):
         if config is not None:
             self._config = load_json(config, self._label(CONFIG))
         if index is not None:
-            weight_map = parse_index_json(
-                index.read_bytes(), label=self._label(SAFETENSORS_INDEX), shard_suffix=".safetensors"
-            )
-            self.files = tuple(sorted(set(weight_map.values())))
+            # a file of the Hugging Face cache (read again for a shard's keys when asked for)
+            weight_map = open_shard_index(index, label=self._label(SAFETENSORS_INDEX), shard_suffix=".safetensors",
+                                          limit=sys.maxsize, read_bytes=index.read_bytes)
+            self.files = weight_map.files
             self.tensors = LazyTensors(weight_map, self.files, weak_loader(self._shard_tensors))
             return
         if single is None:  # a PEFT adapter repo keeps its weights under another name
@@ -367,14 +364,14 @@ class HubCheckpoint(LazyShards):
         self.files = (SAFETENSORS_SINGLE,)
         self.tensors = {t.key: t for t in single.infos()}
 
-    def _shard_tensors(self, file: str, listed: Mapping[str, str]) -> ShardColumns:
-        """The tensors of shard ``file``, checked against what the index maps to it."""
+    def _shard_tensors(self, file: str) -> ShardColumns:
+        """The tensors of shard ``file`` (read again, if dropped, from the range cache on
+        disk: no request), checked against what the index maps to it."""
         try:
             tensors = self._header(file)
             assert tensors is not None
             assert isinstance(self.tensors, LazyTensors)
-            check_shard_matches_index(self.tensors.weight_map, listed, file, tensors,
-                                      label=self._label(SAFETENSORS_INDEX))
+            self.tensors.check_shard(file, tensors, label=self._label(SAFETENSORS_INDEX))
         except CkptxformError as err:  # raised while planning, far from open_hub
             err.source = err.source or self.name
             raise
