@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_fixtures import ProxyTrap, client_env, run_client, write_safetensors
+from hub_fixtures import ProxyTrap, client_env, file_requests, run_client, write_safetensors
 from hubserver import HubServer
 
 
@@ -78,3 +78,41 @@ def test_a_plan_reads_the_headers_of_the_shards_it_needs_at_once(many: HubServer
     (record,) = run.records
     assert record["outputs"] == SHARDS
     assert record["overlapped"] == sorted(f"model-{s + 1:05d}-of-{SHARDS:05d}.safetensors" for s in range(SHARDS))
+
+
+PLAN_WITH_ONE_HEADER_KEPT = """
+from ckptxform import api
+from ckptxform.sources import lazy_index
+
+lazy_index.HEADER_CACHE_BYTES = 1  # the header read last kept: every other read again when asked
+reads = []
+keep = lazy_index.LazyTensors._keep
+
+def counted(self, file, columns):
+    reads.append(file)
+    return keep(self, file, columns)
+
+lazy_index.LazyTensors._keep = counted
+plan = api.plan(RULES, sources={"model": "org/many@main"})
+emit(outputs=len(plan.outputs), reads=len(reads), files=len(set(reads)))
+"""
+
+
+def test_a_header_dropped_and_read_again_comes_from_the_range_cache_not_the_hub(
+        many: HubServer, tmp_path: Path) -> None:
+    rules = tmp_path / "rename.yaml"
+    rules.write_text(RULE)
+    trap = ProxyTrap()
+    try:
+        env = client_env(many, tmp_path / "home", trap)
+        many.clear_log()
+        run = run_client(f"RULES = {str(rules)!r}\n" + PLAN_WITH_ONE_HEADER_KEPT, env)
+    finally:
+        trap.close()
+    assert run.returncode == 0, run.stderr
+    (record,) = run.records
+    assert record["outputs"] == SHARDS and record["files"] == SHARDS
+    assert record["reads"] > SHARDS  # some were read again
+    # one request a shard (its header, speculatively with its first bytes), however often read
+    shard_requests = [r for r in file_requests(many.log) if "/model-" in r.path and r.range is not None]
+    assert len(shard_requests) == SHARDS, [(r.path, r.range) for r in shard_requests]
