@@ -14,11 +14,12 @@ head checks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...errors import PlanError
 from ...rules.model import RuleSet
+from .plan_store import keys_in_order
 from .recipes import OutputPlan
 
 _LAYER = r"(?:model\.)?(?:layers\.[0-9]+\.|midlayer\.)"
@@ -70,7 +71,7 @@ def config_problems(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> li
 
 
 def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
-    keys = sorted(outputs)
+    keys = keys_in_order(outputs)  # several passes, each streamed from a plan's store
     for name, pattern, dim in _DIMENSIONS:
         yield from _disagreements(name, _int(config, name), pattern, dim, outputs, keys)
     if "lm_head.weight" in outputs:
@@ -91,7 +92,7 @@ _BIASES = (("attention_bias", re.compile(_LAYER + r"self_attn\.(?:q_proj|k_proj|
            ("mlp_bias", re.compile(_LAYER + r"mlp\.(?:gate_proj|up_proj|down_proj|gate_up_proj)\.bias")))
 
 
-def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+def _bias_problems(config: Mapping[str, Any], keys: Iterable[str]) -> Iterator[str]:
     for flag, pattern in _BIASES:
         declared = config.get(flag)
         if not isinstance(declared, bool):
@@ -105,7 +106,7 @@ def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
             yield f"{flag} is true but no such bias is written: transformers would initialise them at random"
 
 
-def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
     heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
     head_dim = _int(config, "head_dim")
     if heads is None or heads <= 0:
@@ -125,7 +126,7 @@ def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan],
         yield from _disagreements(label, rows, pattern, dim, outputs, keys)
 
 
-def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
     name = next((f for f in _EXPERT_FIELDS if _int(config, f) is not None), None)
     if name is None:
         return
@@ -139,7 +140,7 @@ def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan
             yield f"{name} is {count} but output {key!r} is expert {found.group(1)}"
 
 
-def _layer_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+def _layer_problems(config: Mapping[str, Any], keys: Iterable[str]) -> Iterator[str]:
     """Every decoder layer the config counts is written (a missing one would be initialised
     at random), and none beyond them but DeepSeek's multi-token-prediction layers."""
     layers = _int(config, "num_hidden_layers")
@@ -173,13 +174,15 @@ def _tie_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) 
 
 
 def _disagreements(label: str, expected: int | None, pattern: str, dim: int,
-                   outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+                   outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
     if expected is None:
         return
     compiled = re.compile(pattern)
     for key in keys:
+        if not compiled.fullmatch(key):
+            continue
         shape = outputs[key].shape
-        if compiled.fullmatch(key) and len(shape) > dim and shape[dim] != expected:
+        if len(shape) > dim and shape[dim] != expected:
             size = (f"{shape[0]} entries" if len(shape) == 1 else
                     f"{shape[dim]} {_ORDINAL[dim]}" if len(shape) == 2 else f"{shape[dim]} in dim {dim}")
             yield f"{label} is {expected} but output {key!r} has {size} (shape {list(shape)})"
