@@ -2,13 +2,15 @@
 
 The items nearly every tensor makes (an output copied from one source tensor, a record
 whose reason is a text or a ``TargetReason``) are marshalled as a tuple of their fields;
-anything else is pickled. Pickling those frozen dataclasses went through
-``dataclasses.fields`` for each: ~30 us an item to write and read back, against ~3 us
-marshalled (a 20,000-tensor plan writes and reads ~100,000 items).
+anything else is pickled, a dataclass with slots as a call of its class (``_Pickler``).
+Pickled as they are, those frozen dataclasses went through ``dataclasses.fields`` for
+each: ~30 us a copied tensor's output to write and read back (~3 us marshalled).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import marshal
 import pickle
 from typing import Any
@@ -41,13 +43,45 @@ def _marshalled(item: Any) -> bytes:
 
 
 def _pickled(item: Any) -> bytes:
-    return marshal.dumps((_PICKLED, pickle.dumps(item, pickle.HIGHEST_PROTOCOL)))
+    buffer = io.BytesIO()
+    _Pickler(buffer, pickle.HIGHEST_PROTOCOL).dump(item)
+    return marshal.dumps((_PICKLED, buffer.getvalue()))
+
+
+#: a frozen dataclass with slots -> its fields' names (None: not one, or one not made by
+#: its fields alone), looked up once a class
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _init_fields(kind: type) -> tuple[str, ...] | None:
+    if kind not in _FIELDS:
+        fields = dataclasses.fields(kind) if dataclasses.is_dataclass(kind) and "__slots__" in vars(kind) else ()
+        _FIELDS[kind] = (tuple(field.name for field in fields)
+                         if fields and all(field.init for field in fields) else None)
+    return _FIELDS[kind]
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a dataclass with slots (``OutputPlan``, a recipe's ``TensorRef``s) as a call
+    of its class on its field values: its own ``__getstate__`` and ``__setstate__`` call
+    ``dataclasses.fields`` each time, most of the ~60 us an op chain's output took to read
+    back (~20 us so). Other dataclasses (no slots) pickle their ``__dict__``, in C."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        names = _init_fields(type(obj))
+        if names is None:
+            return NotImplemented
+        return type(obj), tuple(getattr(obj, name) for name in names)
 
 
 #: one object for equal small values read back (dtypes, shapes, rule positions, sources):
 #: an item read is held by its reader, and each its own copy of them was ~200 bytes
 _SHARED: dict[Any, Any] = {}
 _SHARED_MOST = 1 << 16
+
+
+#: a rule's reason of its tensors, by its fixed text (one a rule)
+_REASONS: dict[str, TargetReason] = {}
 
 
 def _shared(value: Any) -> Any:
@@ -65,8 +99,11 @@ def decode(blob: bytes) -> Any:
     if kind == _COPY:
         return OutputPlan(row[1], _shared(row[2]), _shared(row[3]), CopyTensor(_shared(row[4]), row[5]),
                           _shared(row[6]), _shared(row[7]), row[8])
-    if kind == _RECORD or kind == _TARGETED:
-        why = _shared(row[8])
-        return TensorRecord(_shared(row[1]), row[2], _shared(row[3]), row[4], _shared(row[5]), _shared(row[6]),
-                            _shared(row[7]), why if kind == _RECORD else _shared(TargetReason(why)), row[9])
+    if kind == _RECORD:  # a record is read to be written out, seldom held: its fields as read
+        return TensorRecord(*row[1:])
+    if kind == _TARGETED:
+        reason = _REASONS.get(row[8])
+        if reason is None:
+            reason = _REASONS[row[8]] = TargetReason(row[8])
+        return TensorRecord(row[1], row[2], row[3], row[4], row[5], row[6], row[7], reason, row[9])
     return pickle.loads(row[1])
