@@ -19,7 +19,7 @@ from typing import Any
 
 from ...errors import PlanError
 from ...rules.model import RuleSet
-from .plan_store import keys_in_order
+from .plan_store import keys_in_order, shapes_in_order
 from .recipes import OutputPlan
 
 _LAYER = r"(?:model\.)?(?:layers\.[0-9]+\.|midlayer\.)"
@@ -71,16 +71,17 @@ def config_problems(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> li
 
 
 def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
-    keys = keys_in_order(outputs)  # several passes, each streamed from a plan's store
+    # several passes, each streamed from a plan's store (the shapes without the outputs)
+    keys, shaped = keys_in_order(outputs), shapes_in_order(outputs)
     for name, pattern, dim in _DIMENSIONS:
-        yield from _disagreements(name, _int(config, name), pattern, dim, outputs, keys)
+        yield from _disagreements(name, _int(config, name), pattern, dim, shaped)
     if "lm_head.weight" in outputs:
         # an EAGLE-3 drafter's lm_head scores its draft vocabulary only
         name = "draft_vocab_size" if _int(config, "draft_vocab_size") is not None else "vocab_size"
-        yield from _disagreements(name, _int(config, name), r"lm_head\.weight", 0, outputs, keys)
+        yield from _disagreements(name, _int(config, name), r"lm_head\.weight", 0, shaped)
     if _int(config, "kv_lora_rank") is None:
-        yield from _head_problems(config, outputs, keys)
-    yield from _expert_problems(config, outputs, keys)
+        yield from _head_problems(config, shaped)
+    yield from _expert_problems(config, shaped, keys)
     yield from _layer_problems(config, keys)
     yield from _tie_problems(config, outputs)
     yield from _bias_problems(config, keys)
@@ -106,7 +107,7 @@ def _bias_problems(config: Mapping[str, Any], keys: Iterable[str]) -> Iterator[s
             yield f"{flag} is true but no such bias is written: transformers would initialise them at random"
 
 
-def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
+def _head_problems(config: Mapping[str, Any], shaped: Iterable[tuple[str, tuple[int, ...]]]) -> Iterator[str]:
     heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
     head_dim = _int(config, "head_dim")
     if heads is None or heads <= 0:
@@ -123,17 +124,18 @@ def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan],
         rows = counts[name] * head_dim
         if gated and pattern.endswith("q_proj\\.weight"):
             label, rows = f"2 x {label} (q_proj also gates the attention output)", 2 * rows
-        yield from _disagreements(label, rows, pattern, dim, outputs, keys)
+        yield from _disagreements(label, rows, pattern, dim, shaped)
 
 
-def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
+def _expert_problems(config: Mapping[str, Any], shaped: Iterable[tuple[str, tuple[int, ...]]],
+                     keys: Iterable[str]) -> Iterator[str]:
     name = next((f for f in _EXPERT_FIELDS if _int(config, f) is not None), None)
     if name is None:
         return
     count = _int(config, name)
     assert count is not None
-    yield from _disagreements(name, count, _ROUTER, 0, outputs, keys)
-    yield from _disagreements(name, count, _FUSED_EXPERTS, 0, outputs, keys)
+    yield from _disagreements(name, count, _ROUTER, 0, shaped)
+    yield from _disagreements(name, count, _FUSED_EXPERTS, 0, shaped)
     for key in keys:
         found = _EXPERT_KEY.match(key)
         if found and int(found.group(1)) >= count:
@@ -174,15 +176,12 @@ def _tie_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) 
 
 
 def _disagreements(label: str, expected: int | None, pattern: str, dim: int,
-                   outputs: Mapping[str, OutputPlan], keys: Iterable[str]) -> Iterator[str]:
+                   shaped: Iterable[tuple[str, tuple[int, ...]]]) -> Iterator[str]:
     if expected is None:
         return
     compiled = re.compile(pattern)
-    for key in keys:
-        if not compiled.fullmatch(key):
-            continue
-        shape = outputs[key].shape
-        if len(shape) > dim and shape[dim] != expected:
+    for key, shape in shaped:
+        if compiled.fullmatch(key) and len(shape) > dim and shape[dim] != expected:
             size = (f"{shape[0]} entries" if len(shape) == 1 else
                     f"{shape[dim]} {_ORDINAL[dim]}" if len(shape) == 2 else f"{shape[dim]} in dim {dim}")
             yield f"{label} is {expected} but output {key!r} has {size} (shape {list(shape)})"
