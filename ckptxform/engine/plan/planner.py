@@ -277,11 +277,12 @@ class _Planner:
         return info
 
     def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
-                rule: str | None, reason: str | TargetReason) -> None:
-        """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
+                rule: str | None, reason: str | TargetReason, new: bool = False) -> None:
+        """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read.
+        ``new``: the caller knows it has none yet (not looked up)."""
         if action == "unused" and self.records.has(source, info.key):
             return  # asked before get(), which makes the record of a tensor held as its output
-        earlier = self.records.get(source, info.key)
+        earlier = None if new else self.records.get(source, info.key)
         if earlier is not None:
             if isinstance(reason, TargetReason):  # said of this target, which may not be the one kept
                 reason = reason.text(target)
@@ -428,12 +429,15 @@ class _Planner:
         actions = {step.op.action for step in rule.ops}
         # its tensors copied whole are held as their outputs (record_table.py)
         by_output = not rule.ops and self._rule_at.get(rule.where.short) is rule
+        # the members without a record yet (most), a batch of keys looked up at a time, not one a member
+        fresh = {info.key for info in self.records.unrecorded(source, members)} if len(members) > 1 else set()
         for info in members:
             outs = targets.get(info.key, [])
+            new = info.key in fresh
             if not outs:
-                self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
+                self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it", new)
                 continue
-            if by_output and len(outs) == 1 and self.records.put_copied(source, info, self.outputs[outs[0]]):
+            if by_output and len(outs) == 1 and self.records.put_copied(source, info, self.outputs[outs[0]], new):
                 continue
             dtype = self._out_dtype(info.dtype, rule.cast)
             if rule.ops and info.key not in unchanged:
@@ -449,7 +453,7 @@ class _Planner:
             more += cast_words(info.dtype, dtype)
             if more:
                 reason = (reason.text(target) if isinstance(reason, TargetReason) else reason) + more
-            self._record(source, info, action, target, rule.where.short, reason)
+            self._record(source, info, action, target, rule.where.short, reason, new)
 
     # -- what a chain's ops ask (groups.PlannerAccess) -----------------------------------
     def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:

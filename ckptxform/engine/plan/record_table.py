@@ -133,13 +133,14 @@ class RecordTable:
         """Add ``record``, or replace the one of its source and key (which keeps its place)."""
         self._put(self._slot(record.source, record.key), record)
 
-    def put_copied(self, source: str, info: TensorInfo, out: OutputPlan) -> bool:
+    def put_copied(self, source: str, info: TensorInfo, out: OutputPlan, new: bool = False) -> bool:
         """Record ``source``'s tensor ``info`` as copied whole into ``out`` (held as ``out``),
-        when it has no record yet and ``out`` is its bytes as they are, at the rule's
-        position; False (nothing done) otherwise."""
+        when it has no record yet (``new``: the caller knows, not looked up) and ``out`` is
+        its bytes as they are, at the rule's position; False (nothing done) otherwise."""
         recipe = out.recipe
         if (type(recipe) is not CopyTensor or recipe.key != info.key or recipe.source != source
-                or out.shape != info.shape or out.input_dtype != info.dtype or self.has(source, info.key)):
+                or out.shape != info.shape or out.input_dtype != info.dtype
+                or (not new and self.has(source, info.key))):
             return False
         self._put(self._slot(source, info.key), out)
         return True
