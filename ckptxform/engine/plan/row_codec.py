@@ -15,6 +15,7 @@ import marshal
 import pickle
 from typing import Any
 
+from ...ops.base import OpDef
 from .recipes import CopyTensor, OutputPlan, TargetReason, TensorRecord
 
 _PICKLED, _COPY, _RECORD, _TARGETED = range(4)
@@ -61,6 +62,15 @@ def _init_fields(kind: type) -> tuple[str, ...] | None:
     return _FIELDS[kind]
 
 
+#: the ops a row names, by id(): the registry's instances, alive for the process (what
+#: reads a plan, the run plan's codec say, knows an op by its identity)
+_OPS: dict[int, OpDef] = {}
+
+
+def _op(number: int) -> OpDef:
+    return _OPS[number]
+
+
 class _Pickler(pickle.Pickler):
     """Pickles a dataclass with slots (``OutputPlan``, a recipe's ``TensorRef``s) as a call
     of its class on its field values: its own ``__getstate__`` and ``__setstate__`` call
@@ -68,6 +78,9 @@ class _Pickler(pickle.Pickler):
     back (~20 us so). Other dataclasses (no slots) pickle their ``__dict__``, in C."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, OpDef):  # an op is its registered instance, read back as itself
+            _OPS.setdefault(id(obj), obj)
+            return _op, (id(obj),)
         names = _init_fields(type(obj))
         if names is None:
             return NotImplemented
