@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def plan(rules: str | os.PathLike[str] | RuleSet, *, sources: Mapping[str, str] 
     ``plan_open`` to keep them open for ``execute``).
     """
     the_plan, opened = plan_open(rules, sources=sources, require_pinned=require_pinned)
-    with opened:  # the files apply would write, laid out as it lays them out (headers only)
+    with _closed_on_error(the_plan), opened:  # the files apply would write, laid out as apply does (headers only)
         layout = layout_of(the_plan, opened)
     the_plan.output_files = tuple((shard.file, shard.file_nbytes) for shard in layout.shards)
     return the_plan
@@ -109,11 +110,22 @@ def apply(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[str
     """
     options = replace(options or RunOptions(), **settings)
     the_plan, opened = plan_open(rules, sources=sources, require_pinned=options.require_pinned)
-    with opened:
+    with _closed_on_error(the_plan), opened:  # else the result holds it (result.plan)
         _say_warnings(the_plan, options.strict)
         result = execute(the_plan, opened, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))
+
+
+@contextmanager
+def _closed_on_error(the_plan: Plan) -> Iterator[None]:
+    """Close ``the_plan`` (its store, engine/plan/plan_store.py) when the block fails; a plan
+    returned stays open until closed or no longer referenced."""
+    try:
+        yield
+    except BaseException:
+        the_plan.close()
+        raise
 
 
 def _say_warnings(the_plan: Plan, strict: bool) -> None:
@@ -136,7 +148,7 @@ def finalize(rules: str | os.PathLike[str] | RuleSet, *, out: str | os.PathLike[
     """
     options = RunOptions(force=force, fsync=fsync, digest=digest, finalize=True)
     the_plan, opened = plan_open(rules, sources=sources)
-    with opened:
+    with _closed_on_error(the_plan), opened:
         result = execute(the_plan, opened, Path(out), options)
     return replace(result, out=Path(os.path.abspath(result.out)),
                    audit_path=Path(os.path.abspath(result.audit_path)))

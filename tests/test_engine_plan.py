@@ -181,9 +181,8 @@ def test_a_tensor_used_twice_is_recorded_once_with_both_uses(headline: HeadlineS
     """The verifier's lm_head lends missing rows and is also copied whole by `add`."""
     rule = rule_variant({"add:\n": "add:\n  verifier_lm_head.weight: "
                                    "{source: verifier, tensor: language_model.lm_head.weight}\n"})
-    plan = api.plan(rule, sources=headline.sources)
-    plan.close()
-    [record] = [r for r in plan.records if (r.source, r.key) == ("verifier", "language_model.lm_head.weight")]
+    with api.plan(rule, sources=headline.sources) as plan:  # its records are read before it is closed
+        [record] = [r for r in plan.records if (r.source, r.key) == ("verifier", "language_model.lm_head.weight")]
     assert (record.action, record.target) == ("copied", "verifier_lm_head.weight")
     assert "added as 'verifier_lm_head.weight'" in record.reason and "rows read for tokens" in record.reason
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.run.execute import ApplyResult
 from ..engine.plan.planner import Plan
-from ..engine.plan.recipes import TensorRecord
 from ..errors import printable, quote_keys, terminal_line
 from ..sources.base import Checkpoint
 from ..tensor_digest import NO_DIGEST
@@ -46,19 +45,32 @@ def not_carried_text(plan: Plan, *, verbose: bool = False) -> list[str]:
     """Every source tensor that was not carried into the output (skipped, unused, read only
     as a vocabulary map or for fill rows), grouped by source, action and reason, with its
     names: the first few per group, all of them when ``verbose``."""
-    groups: dict[tuple[str, str, str], list[TensorRecord]] = {}
-    for record in plan.records:
+    # (source, action, reason) -> [count, the first's rule, the least keys (all when verbose)]:
+    # the records themselves are not held (a plan's are read one at a time); a group's keys
+    # are distinct (one record a source tensor)
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    for record in plan.records.stored():  # a tensor copied whole by a rule is carried: not read
         if record.action not in _CARRIED:
-            groups.setdefault((record.source, record.action, record.reason), []).append(record)
+            group = groups.get((record.source, record.action, record.reason))
+            if group is None:
+                group = groups[(record.source, record.action, record.reason)] = [0, record.rule, []]
+            group[0] += 1
+            keys = group[2]
+            keys.append(record.key)
+            if not verbose and len(keys) >= 4 * _SHOWN:
+                keys.sort()
+                del keys[_SHOWN:]
     if not groups:
         return []
-    total = sum(len(g) for g in groups.values())
+    total = sum(g[0] for g in groups.values())
     lines = [f"not written out as tensors: {total} source tensor{'s' if total != 1 else ''} (each with its reason)"]
-    for (source, action, reason), records in sorted(groups.items()):
-        rule = records[0].rule
-        lines.append(f"  {action} ({len(records)}) from {printable(source)}: {printable(reason)}"
+    for (source, action, reason), (count, rule, keys) in sorted(groups.items()):
+        lines.append(f"  {action} ({count}) from {printable(source)}: {printable(reason)}"
                      + (f" [{rule}]" if rule else ""))
-        lines.append("    " + quote_keys([r.key for r in records], limit=len(records) if verbose else _SHOWN))
+        shown = quote_keys(keys, limit=count if verbose else _SHOWN)
+        if len(keys) < count and count > _SHOWN:  # quote_keys counted the keys kept, not all
+            shown = quote_keys(sorted(keys)[:_SHOWN], limit=_SHOWN) + f" and {count - _SHOWN} more"
+        lines.append("    " + shown)
     return lines
 
 
@@ -77,7 +89,11 @@ def plan_lines(plan: Plan, *, verbose: bool = False) -> Iterator[str]:
         lines.append(f"  {printable(name):<{width}}  {printable(src.location)}{pin}")
     for label, alignment in plan.alignments.items():
         lines.append(f"vocabulary {label}: {alignment.summary()}")
-    for out in plan.outputs:
+    # one pass over the outputs before their lines: their row accounts and column widths
+    key_w, dtype_w = 3, 5  # F8_E4M3 is wider than BF16
+    for i, out in enumerate(plan.outputs):
+        key_w = len(printable(out.key)) if i == 0 else max(key_w, len(printable(out.key)))
+        dtype_w = max(dtype_w, len(out.dtype))
         r = out.recipe.row_account()
         if r is not None:
             fill = "" if r.label is None else f" from {r.label}" if r.init == "rows_of" else f" ({r.label})"
@@ -90,8 +106,6 @@ def plan_lines(plan: Plan, *, verbose: bool = False) -> Iterator[str]:
     lines.append(f"output: {len(plan.outputs)} tensors, {_human_bytes(plan.total_bytes)}"
                  + (", config.json" if plan.config is not None else ""))
     lines.extend(_output_files_text(plan))
-    key_w = max((len(printable(o.key)) for o in plan.outputs), default=3)
-    dtype_w = max([5, *(len(o.dtype) for o in plan.outputs)])  # F8_E4M3 is wider than BF16
     yield from map(terminal_line, lines)
     for out in plan.outputs:
         cast = f" cast from {out.input_dtype}" if out.dtype != out.input_dtype else ""
@@ -114,7 +128,7 @@ def _output_files_text(plan: Plan) -> list[str]:
 def _unread_text(plan: Plan) -> list[str]:
     """A line per source with shards never opened (every key the index gives them skipped)."""
     unread: dict[str, set[str]] = {}
-    for record in plan.records:
+    for record in plan.records.stored():  # a tensor copied whole was read: not read again
         if record.unread_file is not None:
             unread.setdefault(record.source, set()).add(record.unread_file)
     return [f"  {printable(source)}: {len(files)} shard{'s' if len(files) != 1 else ''} not opened (every key "

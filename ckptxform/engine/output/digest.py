@@ -33,11 +33,12 @@ from ..._version import __version__
 from ...errors import quote
 from ...sources.file_content import content_key, is_whole, whole_digest
 from ...where import Where
+from ..plan.plan_store import PlanOutputs
 from ..plan.planner import Plan
 from ..plan.record_table import Records
 
-#: what the digest hashes item by item (a plan's records: made a record at a time)
-_SEQUENCES = (list, tuple, Records)
+#: what the digest hashes item by item (a plan's outputs and records: read an item at a time)
+_SEQUENCES = (list, tuple, Records, PlanOutputs)
 
 #: fields that say where in the rule file something was written, not what it asks
 _POSITIONS = frozenset({"rule", "where"})

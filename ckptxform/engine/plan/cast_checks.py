@@ -17,6 +17,7 @@ from ...errors import PlanError, printable
 from ...quant.schemes import dequant_op_for, find_quantization_config, scale_of
 from ...rules.model import RuleSet
 from ...sources.base import Checkpoint
+from .plan_store import made_from
 from .recipes import OutputPlan
 from .references import MISSING, get_path
 
@@ -26,9 +27,9 @@ _QUANTIZED_STORAGE = {"F8_E4M3", "F8_E5M2", "I8", "U8", "I32"}
 
 def check_quantized_casts(rules: RuleSet, ckpts: Mapping[str, Checkpoint], outputs: Mapping[str, OutputPlan],
                           producers: Mapping[str, object]) -> None:
-    for key in sorted(outputs):
-        out = outputs[key]
-        if out.input_dtype not in _QUANTIZED_STORAGE or out.dtype == out.input_dtype or not is_float(out.dtype):
+    for out in made_from(outputs, _QUANTIZED_STORAGE):
+        key = out.key
+        if out.dtype == out.input_dtype or not is_float(out.dtype):
             continue
         for ref in out.recipe.inputs:
             ckpt = ckpts[ref.source]

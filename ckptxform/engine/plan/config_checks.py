@@ -14,11 +14,12 @@ head checks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from ...errors import PlanError
 from ...rules.model import RuleSet
+from .plan_store import keys_in_order, shapes_in_order
 from .recipes import OutputPlan
 
 _LAYER = r"(?:model\.)?(?:layers\.[0-9]+\.|midlayer\.)"
@@ -70,16 +71,23 @@ def config_problems(config: Mapping[str, Any], tensors: Mapping[str, Any]) -> li
 
 
 def _problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) -> Iterator[str]:
-    keys = sorted(outputs)
-    for name, pattern, dim in _DIMENSIONS:
-        yield from _disagreements(name, _int(config, name), pattern, dim, outputs, keys)
+    # a few passes, each streamed from a plan's store: the shapes' checks all in one (a
+    # pass each was ~6 us a row)
+    keys = keys_in_order(outputs)
+    checks = [(name, _int(config, name), pattern, dim) for name, pattern, dim in _DIMENSIONS]
     if "lm_head.weight" in outputs:
         # an EAGLE-3 drafter's lm_head scores its draft vocabulary only
         name = "draft_vocab_size" if _int(config, "draft_vocab_size") is not None else "vocab_size"
-        yield from _disagreements(name, _int(config, name), r"lm_head\.weight", 0, outputs, keys)
+        checks.append((name, _int(config, name), r"lm_head\.weight", 0))
     if _int(config, "kv_lora_rank") is None:
-        yield from _head_problems(config, outputs, keys)
-    yield from _expert_problems(config, outputs, keys)
+        checks += _head_checks(config)
+    experts = _experts(config)
+    if experts is not None:
+        checks += [(*experts, _ROUTER, 0), (*experts, _FUSED_EXPERTS, 0)]
+    found = _disagreements(checks, shapes_in_order(outputs))
+    yield from (problem for problem in found if problem is not None)
+    if experts is not None:
+        yield from _expert_problems(*experts, keys)
     yield from _layer_problems(config, keys)
     yield from _tie_problems(config, outputs)
     yield from _bias_problems(config, keys)
@@ -91,7 +99,7 @@ _BIASES = (("attention_bias", re.compile(_LAYER + r"self_attn\.(?:q_proj|k_proj|
            ("mlp_bias", re.compile(_LAYER + r"mlp\.(?:gate_proj|up_proj|down_proj|gate_up_proj)\.bias")))
 
 
-def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+def _bias_problems(config: Mapping[str, Any], keys: Iterable[str]) -> Iterator[str]:
     for flag, pattern in _BIASES:
         declared = config.get(flag)
         if not isinstance(declared, bool):
@@ -105,7 +113,7 @@ def _bias_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
             yield f"{flag} is true but no such bias is written: transformers would initialise them at random"
 
 
-def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+def _head_checks(config: Mapping[str, Any]) -> Iterator[tuple[str, int, str, int]]:
     heads, hidden = _int(config, "num_attention_heads"), _int(config, "hidden_size")
     head_dim = _int(config, "head_dim")
     if heads is None or heads <= 0:
@@ -122,24 +130,23 @@ def _head_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan],
         rows = counts[name] * head_dim
         if gated and pattern.endswith("q_proj\\.weight"):
             label, rows = f"2 x {label} (q_proj also gates the attention output)", 2 * rows
-        yield from _disagreements(label, rows, pattern, dim, outputs, keys)
+        yield label, rows, pattern, dim
 
 
-def _expert_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
+def _experts(config: Mapping[str, Any]) -> tuple[str, int] | None:
+    """The config's field counting the experts, and its count."""
     name = next((f for f in _EXPERT_FIELDS if _int(config, f) is not None), None)
-    if name is None:
-        return
-    count = _int(config, name)
-    assert count is not None
-    yield from _disagreements(name, count, _ROUTER, 0, outputs, keys)
-    yield from _disagreements(name, count, _FUSED_EXPERTS, 0, outputs, keys)
+    return None if name is None else (name, _int(config, name))  # type: ignore[return-value]
+
+
+def _expert_problems(name: str, count: int, keys: Iterable[str]) -> Iterator[str]:
     for key in keys:
         found = _EXPERT_KEY.match(key)
         if found and int(found.group(1)) >= count:
             yield f"{name} is {count} but output {key!r} is expert {found.group(1)}"
 
 
-def _layer_problems(config: Mapping[str, Any], keys: list[str]) -> Iterator[str]:
+def _layer_problems(config: Mapping[str, Any], keys: Iterable[str]) -> Iterator[str]:
     """Every decoder layer the config counts is written (a missing one would be initialised
     at random), and none beyond them but DeepSeek's multi-token-prediction layers."""
     layers = _int(config, "num_hidden_layers")
@@ -172,18 +179,24 @@ def _tie_problems(config: Mapping[str, Any], outputs: Mapping[str, OutputPlan]) 
                "transformers would initialise it at random")
 
 
-def _disagreements(label: str, expected: int | None, pattern: str, dim: int,
-                   outputs: Mapping[str, OutputPlan], keys: list[str]) -> Iterator[str]:
-    if expected is None:
-        return
-    compiled = re.compile(pattern)
-    for key in keys:
-        shape = outputs[key].shape
-        if compiled.fullmatch(key) and len(shape) > dim and shape[dim] != expected:
-            size = (f"{shape[0]} entries" if len(shape) == 1 else
-                    f"{shape[dim]} {_ORDINAL[dim]}" if len(shape) == 2 else f"{shape[dim]} in dim {dim}")
-            yield f"{label} is {expected} but output {key!r} has {size} (shape {list(shape)})"
-            return
+def _disagreements(checks: list[tuple[str, int | None, str, int]],
+                   shaped: Iterable[tuple[str, tuple[int, ...]]]) -> list[str | None]:
+    """For each check (label, expected rows, key pattern, dim; expected None: unchecked), the
+    first output in key order whose dim ``dim`` is not ``expected`` said, or None: one pass."""
+    found: list[str | None] = [None] * len(checks)
+    left = [(i, label, expected, re.compile(pattern), dim)
+            for i, (label, expected, pattern, dim) in enumerate(checks) if expected is not None]
+    for key, shape in shaped if left else ():
+        for check in left:
+            i, label, expected, compiled, dim = check
+            if compiled.fullmatch(key) and len(shape) > dim and shape[dim] != expected:
+                size = (f"{shape[0]} entries" if len(shape) == 1 else
+                        f"{shape[dim]} {_ORDINAL[dim]}" if len(shape) == 2 else f"{shape[dim]} in dim {dim}")
+                found[i] = f"{label} is {expected} but output {key!r} has {size} (shape {list(shape)})"
+                left = [other for other in left if other is not check]
+        if not left:
+            break
+    return found
 
 
 def _int(config: Mapping[str, Any], name: str) -> int | None:

@@ -53,7 +53,7 @@ def rule_fit(path: Path, location: str) -> Fit:
                   and (name in named or name in needed_sources(rules))]
         if not others:
             try:
-                build_plan(rules, {convert: ckpt})
+                build_plan(rules, {convert: ckpt}).close()
                 return Fit(path.stem, True, "plans")
             except KeyError as err:  # a ${source.NAME...} read by a step the scan above missed
                 others = [str(err.args[0])]

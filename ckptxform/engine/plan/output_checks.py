@@ -4,6 +4,8 @@ tensor, can the cast it decodes be made exactly, and does a tensor tied to it ma
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Any
 
 from ...dtypes import cast_problem
 from ...errors import quote
@@ -70,7 +72,7 @@ def gguf_source_problem(source: str | None, missing: list[str]) -> str:
             "table: convert that model with convert_hf_to_gguf.py")
 
 
-def gguf_output_problem(outputs: list[OutputPlan], source: str | None, files: set[str]) -> tuple[str, str | None] | None:
+def gguf_output_problem(outputs: Iterable[OutputPlan], source: str | None, files: set[str]) -> tuple[str, str | None] | None:
     """Why the planned ``outputs`` cannot make a GGUF file from a source holding ``files``:
     (message, output key) or None. Checked at plan time so ``plan`` and ``rules --for`` say it."""
     missing = [name for name in GGUF_NEEDS if name not in files]

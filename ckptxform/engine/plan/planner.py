@@ -11,9 +11,9 @@ any output exists. The only tensor bytes read are the small d2t/t2d.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ...bulk_gc import collector_paused
 from ...dtypes import USER_DTYPES
@@ -31,6 +31,7 @@ from .config_requirements import check_config_requirements, config_sources
 from .files import FilesPlan, plan_files
 from .groups import plan_rule
 from .output_checks import gguf_output_problem, key_problem, tie_problem, value_problem
+from .plan_store import OutputTable, PlanOutputs, PlanStore
 from .producers import Producers, RuleRead, rules_by_position
 from .recipes import CopyTensor, OutputPlan, SourceRecord, TargetReason, TensorRecord, VocabField
 from .references import References
@@ -47,11 +48,16 @@ class Plan:
     """The whole conversion, decided: one entry per output tensor, one record per source
     tensor of every file opened, the vocab statistics and the output config; with the
     files it read as they stood (``pins``). A value: the checkpoints it was planned from
-    are a separate handle (``OpenSources``), closed by whoever opened them."""
+    are a separate handle (``OpenSources``), closed by whoever opened them.
+
+    Its outputs and records are read from a database on disk (plan_store.py), an item at a
+    time: iterate them, do not hold them all. ``close()`` (or a ``with`` block) frees it; a
+    plan no longer referenced frees it too. A pickled plan holds them all."""
 
     rules: RuleSet
-    outputs: tuple[OutputPlan, ...]
-    #: made a record at a time when read (record_table.py)
+    #: in key order, each made when read (plan_store.py); ``output(key)`` finds one
+    outputs: Sequence[OutputPlan]
+    #: in the order first made, each made when read (record_table.py)
     records: Records
     alignments: dict[str, Alignment]
     vocab_maps: dict[str, VocabMap]
@@ -78,7 +84,15 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
+        if isinstance(self.outputs, PlanOutputs):
+            return self.outputs.total_bytes
         return sum(o.nbytes for o in self.outputs)
+
+    def output(self, key: str) -> OutputPlan | None:
+        """The output written as ``key``, or None."""
+        if isinstance(self.outputs, PlanOutputs):
+            return self.outputs.output(key)
+        return next((o for o in self.outputs if o.key == key), None)
 
     def counts(self) -> dict[str, int]:
         """How many source tensors took each action."""
@@ -87,15 +101,18 @@ class Plan:
             out[action] = out.get(action, 0) + 1
         return out
 
-    # A plan holds nothing to release; ``with api.plan(...) as p`` and ``close()`` keep working.
     def close(self) -> None:
-        pass
+        """Free the store of its outputs and records (reading them after is a ValueError)."""
+        for table in (self.outputs, self.records):
+            close = getattr(table, "close", None)
+            if close is not None:
+                close()
 
     def __enter__(self) -> Plan:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        self.close()
 
 
 #: why this process must not plan (a shard worker executes its task's slice of the run's plan)
@@ -168,12 +185,14 @@ class _Planner:
     def __init__(self, rules: RuleSet, checkpoints: dict[str, Checkpoint]) -> None:
         self.rules = rules
         self.ckpts = checkpoints
-        self.outputs: dict[str, OutputPlan] = {}
+        #: the plan's outputs and records, on disk (plan_store.py)
+        self.store = PlanStore()
+        self.outputs = OutputTable(self.store, self._written_twice)
         #: the rules an output's position names (those that share none)
         self._rule_at = rules_by_position(rules.tensors)
         #: what writes each output key, for messages (its str(): ``tensors[0] (rules.yaml:6) (from model:x)``)
         self.producer = Producers(self.outputs, self._rule_at)
-        self.records = RecordTable(rules.convert, frozenset(
+        self.records = RecordTable(self.store, rules.convert, frozenset(
             where for where, rule in self._rule_at.items() if rule.template is not None))
         self.files_opened: dict[str, set[str]] = {}
         self.warnings: list[str] = []
@@ -187,14 +206,25 @@ class _Planner:
 
     # -- entry ---------------------------------------------------------------------------
     def run(self) -> Plan:
+        try:
+            return self._run()
+        except BaseException:
+            try:
+                # a key written twice (found a batch at a time) was the first error: say it
+                self.outputs.flush()
+            finally:
+                self.store.close()
+            raise
+
+    def _run(self) -> Plan:
         if self.rules.convert is None:
             raise PlanError(f"{self.rules.path}: no 'convert' source; name the source the rules convert")
         self._load_vocab_maps()
         check_config_requirements(self.rules, None, self.ckpts, self.vocab, of_sources=True)
         for source in _matched_sources(self.rules):
             self._plan_matched_source(source)
-        # what a constant's for_each matches (not copied when there is none: ~50 bytes a tensor)
-        rule_outputs = dict(self.outputs) if self.rules.add else {}
+        # what a constant's for_each matches: the outputs until now
+        rule_outputs = self.outputs.so_far() if self.rules.add else {}
         for entry in self.rules.add.values():
             self._plan_add(entry, rule_outputs)
         self._check_consumed()
@@ -214,9 +244,8 @@ class _Planner:
                                fingerprint=ckpt.fingerprint())
             for name, ckpt in self.ckpts.items()
         }
-        # the records first, their table freed: the end of planning was the peak of a run
         records = self.records.take()
-        outputs = tuple(self.outputs[k] for k in sorted(self.outputs))
+        outputs = self.outputs.finish()
         return Plan(rules=self.rules, outputs=outputs,
                     records=records, alignments=self.alignments, vocab_maps=self.vocab,
                     config=config, sources=sources, warnings=tuple(self.warnings),
@@ -227,7 +256,7 @@ class _Planner:
         if self.rules.output.format != "gguf":
             return
         files = set(self.ckpts[self.rules.convert].list_files())
-        problem = gguf_output_problem(list(self.outputs.values()), self.rules.convert, files)
+        problem = gguf_output_problem(self.outputs.in_made_order(), self.rules.convert, files)
         if problem is not None:
             message, key = problem
             raise PlanError(f"{self.rules.path}: output.gguf: {message}" if key is None else message, key=key)
@@ -248,11 +277,12 @@ class _Planner:
         return info
 
     def _record(self, source: str, info: TensorInfo, action: str, target: str | tuple[str, ...] | None,
-                rule: str | None, reason: str | TargetReason) -> None:
-        """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read."""
+                rule: str | None, reason: str | TargetReason, new: bool = False) -> None:
+        """One record per source tensor; a rule's verdict replaces an earlier 'vocab' read.
+        ``new``: the caller knows it has none yet (not looked up)."""
         if action == "unused" and self.records.has(source, info.key):
             return  # asked before get(), which makes the record of a tensor held as its output
-        earlier = self.records.get(source, info.key)
+        earlier = None if new else self.records.get(source, info.key)
         if earlier is not None:
             if isinstance(reason, TargetReason):  # said of this target, which may not be the one kept
                 reason = reason.text(target)
@@ -273,11 +303,12 @@ class _Planner:
         problem = value_problem(out)
         if problem is not None:
             raise PlanError(f"{producer}: {problem}", key=out.key)
-        if out.key in self.outputs:
-            raise PlanError(f"{producer} and {self.producer[out.key]} both write output key {out.key!r}; "
-                            "two tensors cannot be written to one key: rename one of them", key=out.key)
-        self.outputs[out.key] = out
-        self.producer.add(out, producer)
+        # a key written twice: _written_twice, now or when its batch is written
+        self.outputs.add(out, self.producer.add(out, producer))
+
+    def _written_twice(self, out: OutputPlan, held: object | None) -> NoReturn:
+        raise PlanError(f"{self.producer.of(out, held)} and {self.producer.earlier(out.key, held)} both write output "
+                        f"key {out.key!r}; two tensors cannot be written to one key: rename one of them", key=out.key)
 
     def _out_dtype(self, input_dtype: str, cast: str | None) -> str:
         if cast:
@@ -398,12 +429,15 @@ class _Planner:
         actions = {step.op.action for step in rule.ops}
         # its tensors copied whole are held as their outputs (record_table.py)
         by_output = not rule.ops and self._rule_at.get(rule.where.short) is rule
+        # the members without a record yet (most), a batch of keys looked up at a time, not one a member
+        fresh = {info.key for info in self.records.unrecorded(source, members)} if len(members) > 1 else set()
         for info in members:
             outs = targets.get(info.key, [])
+            new = info.key in fresh
             if not outs:
-                self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it")
+                self._record(source, info, "skipped", None, rule.where.short, "no output of the rule reads it", new)
                 continue
-            if by_output and len(outs) == 1 and self.records.put_copied(source, info, self.outputs[outs[0]]):
+            if by_output and len(outs) == 1 and self.records.put_copied(source, info, self.outputs[outs[0]], new):
                 continue
             dtype = self._out_dtype(info.dtype, rule.cast)
             if rule.ops and info.key not in unchanged:
@@ -419,7 +453,7 @@ class _Planner:
             more += cast_words(info.dtype, dtype)
             if more:
                 reason = (reason.text(target) if isinstance(reason, TargetReason) else reason) + more
-            self._record(source, info, action, target, rule.where.short, reason)
+            self._record(source, info, action, target, rule.where.short, reason, new)
 
     # -- what a chain's ops ask (groups.PlannerAccess) -----------------------------------
     def alignment(self, source_vocab: str, target_vocab: str) -> Alignment:
@@ -459,7 +493,7 @@ class _Planner:
                 raise PlanError(f"{label}: tie: {problem}", key=key)
 
     # -- add -----------------------------------------------------------------------------
-    def _plan_add(self, entry: AddEntry, rule_outputs: dict[str, OutputPlan]) -> None:
+    def _plan_add(self, entry: AddEntry, rule_outputs: Mapping[str, OutputPlan]) -> None:
         where = entry.where.short
         label = f"add.{entry.key} ({where})"
         if entry.is_constant:  # engine/plan/constants.py; never loaded, like every add
@@ -493,9 +527,8 @@ class _Planner:
             return
         ckpt = self.ckpts[like]
         for file in ckpt.files:
-            for info in ckpt.tensors_of_file(file):
-                self._record(like, info, "unused", None, None,
-                             f"in {file}, read to lay the output out like it (output.shards.like); no rule reads it")
+            self._record_unused_of(like, ckpt.tensors_of_file(file),
+                                   f"in {file}, read to lay the output out like it (output.shards.like); no rule reads it")
 
     # -- completeness of the audit ---------------------------------------------------------
     def _record_unused(self) -> None:
@@ -503,8 +536,13 @@ class _Planner:
         for source, files in self.files_opened.items():
             ckpt = self.ckpts[source]
             for file in sorted(files):
-                for info in ckpt.tensors_of_file(file):
-                    self._record(source, info, "unused", None, None,
-                                 f"in {file}, which was opened for other tensors; no rule reads it")
+                self._record_unused_of(source, ckpt.tensors_of_file(file),
+                                       f"in {file}, which was opened for other tensors; no rule reads it")
+
+    def _record_unused_of(self, source: str, infos: list[TensorInfo], reason: str) -> None:
+        """``_record(source, info, "unused", ...)`` of each of ``infos``: a record of none
+        that has one (looked up a batch at a time)."""
+        for info in self.records.unrecorded(source, infos):
+            self.records.put(TensorRecord(source, info.key, "unused", None, info.shape, info.dtype, None, reason))
 
 

@@ -48,17 +48,36 @@ class Producers(Mapping[str, object]):
         #: the producers an output does not say
         self._said: dict[str, object] = {}
 
-    def add(self, out: OutputPlan, producer: object) -> None:
+    def add(self, out: OutputPlan, producer: object) -> object | None:
+        """Hold ``producer`` unless ``out`` says it; it is (None when not held). Called before
+        ``out`` is known to be the first of its key (outputs are checked for a key written
+        twice a batch at a time): an earlier producer held stays."""
         recipe = out.recipe
-        if not (type(producer) is RuleRead and type(recipe) is CopyTensor and recipe.key == producer.key
+        if (type(producer) is RuleRead and type(recipe) is CopyTensor and recipe.key == producer.key
                 and recipe.source == producer.source and self._rule_at.get(out.rule) is producer.rule):
-            self._said[out.key] = producer
+            return None
+        self._said.setdefault(out.key, producer)
+        return producer
+
+    def of(self, out: OutputPlan, held: object | None) -> object:
+        """What writes ``out``: ``held``, or when None (``add`` did not hold it) what ``out`` says."""
+        return held if held is not None else self._said_by(out)
+
+    def earlier(self, key: str, later: object) -> object:
+        """What wrote ``key`` before ``later`` (``add``-ed too) wrote it again."""
+        said = self._said.get(key)
+        if said is not None and said is later:  # the first held: the earlier says itself
+            del self._said[key]
+            said = None
+        return self[key] if said is None else said
 
     def __getitem__(self, key: str) -> object:
         said = self._said.get(key)
         if said is not None:
             return said
-        out = self._outputs[key]
+        return self._said_by(self._outputs[key])
+
+    def _said_by(self, out: OutputPlan) -> RuleRead:
         recipe = out.recipe
         assert type(recipe) is CopyTensor
         return RuleRead(self._rule_at[out.rule], recipe.source, recipe.key)

@@ -1,22 +1,19 @@
 """The planner's records, one a source tensor, by source and key, in the order first made.
 
-The converted source's records (nearly all of a run's) are keyed by the key alone, the
-other sources' by ``(source, key)``: one dict keeps the order of all of them, and the
-~200,000 key tuples of a 200,000-tensor source (56 bytes each, held to the end of
-planning, its peak) are not made. A str and a tuple never compare equal, so the two kinds
-of keys cannot collide.
+They live in the plan's store (plan_store.py), a row each keyed by (source number, key),
+numbered in the order first made; only a batch not yet written is held in RAM.
 
 A tensor a rule without ops copies whole into one output (a keep, a rename, a cast) is
 held as that output's ``OutputPlan``: its record says nothing the output does not
-(``copied_record``), and is made when it is read. A ``TensorRecord`` held for each was
-~104 bytes a tensor for the whole run (20.8 MB of a 200,000-tensor rename's plan).
+(``copied_record``), and is made when it is read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import overload
+from typing import Any, overload
 
+from .plan_store import BATCH, PlanStore, StoredRows, dump, key_bytes, load, resolve
 from .recipes import CopyTensor, OutputPlan, TargetReason, TensorRecord
 from ...sources.base import TensorInfo
 
@@ -67,76 +64,145 @@ def _made(item: TensorRecord | OutputPlan, matched_to: frozenset[str]) -> Tensor
     return item if type(item) is TensorRecord else copied_record(item, item.rule in matched_to)  # type: ignore[union-attr, arg-type]
 
 
+#: keys a lookup of ``unrecorded`` asks at once (sqlite takes up to 32,766 parameters)
+_LOOKED_UP = 500
+
+
 class RecordTable:
     """``table.get(source, key)``, ``table.put(record)``, ``table.put_copied(...)``,
-    iteration in first-made order. ``matched_to``: the positions of the ``key`` template
-    rules (their copied tensors' reason is ``matched -> ...``); the planner puts a copied
-    tensor only for a rule whose position names no other rule."""
+    iteration in first-made order, in the plan's store (plan_store.py): written a batch at
+    a time, a record put again keeping its place. ``matched_to``: the positions of the
+    ``key`` template rules (their copied tensors' reason is ``matched -> ...``); the
+    planner puts a copied tensor only for a rule whose position names no other rule."""
 
-    def __init__(self, convert: str | None, matched_to: frozenset[str] = frozenset()) -> None:
-        self._convert = convert
+    def __init__(self, store: PlanStore, convert: str | None, matched_to: frozenset[str] = frozenset()) -> None:
+        self._store = store
         self._matched_to = matched_to
-        self._records: dict[str | tuple[str, str], TensorRecord | OutputPlan] = {}
+        #: source -> its number in the table (the converted source's, nearly every row, is 0)
+        self._source_ids: dict[str | None, int] = {convert: 0}
+        store.db.execute("CREATE TABLE records(src INTEGER NOT NULL, key BLOB NOT NULL, action TEXT NOT NULL, "
+                         "copied INTEGER NOT NULL, item BLOB NOT NULL, PRIMARY KEY(src, key))")
+        #: (source number, key) -> record or copied output: the batch not yet written
+        self._pending: dict[tuple[int, str], TensorRecord | OutputPlan] = {}
+        self._count = 0
 
-    def _slot(self, source: str, key: str) -> str | tuple[str, str]:
-        return key if source == self._convert else (source, key)
+    def _slot(self, source: str, key: str) -> tuple[int, str]:
+        number = self._source_ids.get(source)
+        if number is None:
+            number = self._source_ids[source] = len(self._source_ids)
+        return number, key
+
+    def _stored(self, slot: tuple[int, str], column: str) -> object:
+        row = self._store.db.execute(f"SELECT {column} FROM records WHERE src = ? AND key = ?",
+                                     (slot[0], key_bytes(slot[1]))).fetchone()
+        return None if row is None else row[0]
 
     def get(self, source: str, key: str) -> TensorRecord | None:
-        item = self._records.get(self._slot(source, key))
-        return None if item is None else _made(item, self._matched_to)
+        slot = self._slot(source, key)
+        item = self._pending.get(slot)
+        if item is None:
+            blob = self._stored(slot, "item")
+            if blob is None:
+                return None
+            item = load(blob)  # type: ignore[arg-type]
+        return _made(item, self._matched_to)
 
     def has(self, source: str, key: str) -> bool:
-        return self._slot(source, key) in self._records
+        slot = self._slot(source, key)
+        return slot in self._pending or self._stored(slot, "1") is not None
+
+    def unrecorded(self, source: str, infos: list[TensorInfo]) -> Iterator[TensorInfo]:
+        """Those of ``source``'s tensors ``infos`` without a record, a batch of keys looked up
+        at a time (a lookup a tensor was ~3 us)."""
+        number = self._slot(source, "")[0]
+        db, pending = self._store.db, self._pending
+        for start in range(0, len(infos), _LOOKED_UP):
+            batch = infos[start:start + _LOOKED_UP]
+            marks = ", ".join("?" * len(batch))
+            found = {row[0] for row in db.execute(f"SELECT key FROM records WHERE src = ? AND key IN ({marks})",
+                                                  (number, *(key_bytes(info.key) for info in batch)))}
+            yield from (info for info in batch
+                        if key_bytes(info.key) not in found and (number, info.key) not in pending)
+
+    def _put(self, slot: tuple[int, str], item: TensorRecord | OutputPlan) -> None:
+        self._pending[slot] = item
+        if len(self._pending) >= BATCH:
+            self.flush()
 
     def put(self, record: TensorRecord) -> None:
         """Add ``record``, or replace the one of its source and key (which keeps its place)."""
-        self._records[self._slot(record.source, record.key)] = record
+        self._put(self._slot(record.source, record.key), record)
 
-    def put_copied(self, source: str, info: TensorInfo, out: OutputPlan) -> bool:
+    def put_copied(self, source: str, info: TensorInfo, out: OutputPlan, new: bool = False) -> bool:
         """Record ``source``'s tensor ``info`` as copied whole into ``out`` (held as ``out``),
-        when it has no record yet and ``out`` is its bytes as they are, at the rule's
-        position; False (nothing done) otherwise."""
+        when it has no record yet (``new``: the caller knows, not looked up) and ``out`` is
+        its bytes as they are, at the rule's position; False (nothing done) otherwise."""
         recipe = out.recipe
-        slot = self._slot(source, info.key)
         if (type(recipe) is not CopyTensor or recipe.key != info.key or recipe.source != source
-                or out.shape != info.shape or out.input_dtype != info.dtype or slot in self._records):
+                or out.shape != info.shape or out.input_dtype != info.dtype
+                or (not new and self.has(source, info.key))):
             return False
-        self._records[slot] = out
+        self._put(self._slot(source, info.key), out)
         return True
+
+    def flush(self) -> None:
+        """Write the batch: a new record after every other, one put again in its place."""
+        if not self._pending:
+            return
+        matched_to = self._matched_to
+        rows = [(src, key_bytes(key), _action(item, matched_to), type(item) is OutputPlan, dump(item))
+                for (src, key), item in self._pending.items()]
+        self._pending = {}
+        self._store.db.executemany(
+            "INSERT INTO records(src, key, action, copied, item) VALUES (?, ?, ?, ?, ?) ON CONFLICT(src, key) "
+            "DO UPDATE SET action = excluded.action, copied = excluded.copied, item = excluded.item", rows)
+        # an upsert that updates takes no rowid, and none is deleted: rows are numbered 1..n
+        # in first-made order (the last is the count, one lookup; count(*) is a scan)
+        self._count = self._store.db.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchone()[0]
+
+    def _rows(self) -> StoredRows:
+        self.flush()
+        return StoredRows(self._store, "records", self._count)
 
     def stored(self) -> Iterator[TensorRecord]:
         """The records held as records (none of them copied whole by a rule without ops)."""
-        return (item for item in self._records.values() if type(item) is TensorRecord)  # type: ignore[misc]
+        return Records(self._rows(), self._matched_to).stored()
 
     def take(self) -> Records:
-        """The records as they stand, for the plan, leaving the table empty: its dict (~40
-        bytes a tensor) is freed before the plan's next tuple is made, not kept beside it
-        to the planner's end."""
-        records = Records(tuple(self._records.values()), self._matched_to)
-        self._records = {}
-        return records
+        """The records as they stand, for the plan."""
+        return Records(self._rows(), self._matched_to)
 
     def __iter__(self) -> Iterator[TensorRecord]:
-        matched_to = self._matched_to
-        return (_made(item, matched_to) for item in self._records.values())
+        return iter(Records(self._rows(), self._matched_to))
 
     def __len__(self) -> int:
-        return len(self._records)
+        self.flush()
+        return self._count
 
 
 class Records(Sequence[TensorRecord]):
     """A plan's records, in order: each ``TensorRecord`` made when read (from its output,
-    for a tensor copied whole by a rule without ops). Equal to another ``Records`` or a
-    tuple of the same records."""
+    for a tensor copied whole by a rule without ops), from the plan's store (a tuple once
+    unpickled). Equal to another ``Records`` or a tuple of the same records."""
 
     __slots__ = ("_items", "_matched_to")
 
-    def __init__(self, items: tuple[TensorRecord | OutputPlan, ...], matched_to: frozenset[str] = frozenset()) -> None:
+    def __init__(self, items: StoredRows | tuple[TensorRecord | OutputPlan, ...],
+                 matched_to: frozenset[str] = frozenset()) -> None:
         self._items = items
         self._matched_to = matched_to
 
     def __len__(self) -> int:
-        return len(self._items)
+        items = self._items
+        return len(items) if isinstance(items, tuple) else items.count
+
+    def _raw(self) -> Iterator[TensorRecord | OutputPlan]:
+        items = self._items
+        if isinstance(items, tuple):
+            yield from items
+            return
+        for chunk in items.chunks():
+            yield from map(load, chunk)
 
     @overload
     def __getitem__(self, index: int) -> TensorRecord: ...
@@ -145,26 +211,44 @@ class Records(Sequence[TensorRecord]):
     def __getitem__(self, index: slice) -> tuple[TensorRecord, ...]: ...
 
     def __getitem__(self, index: int | slice) -> TensorRecord | tuple[TensorRecord, ...]:
-        if isinstance(index, slice):
-            return tuple(_made(item, self._matched_to) for item in self._items[index])
-        return _made(self._items[index], self._matched_to)
+        items, matched_to = self._items, self._matched_to
+        if isinstance(items, tuple):
+            if isinstance(index, slice):
+                return tuple(_made(item, matched_to) for item in items[index])
+            return _made(items[index], matched_to)
+        where = resolve(index, items.count)
+        if isinstance(where, int):
+            return _made(load(items.at(where)), matched_to)
+        blobs = items.span(where.start, where.stop) if where.step == 1 else [items.at(i) for i in where]
+        return tuple(_made(load(blob), matched_to) for blob in blobs)
 
     def __iter__(self) -> Iterator[TensorRecord]:
         matched_to = self._matched_to
-        return (_made(item, matched_to) for item in self._items)
+        return (_made(item, matched_to) for item in self._raw())
 
     def actions(self) -> Iterator[str]:
-        """Each record's action, in order (made from its output without the record: counting
-        a 200,000-tensor plan's actions, twice an apply, was ~0.3 s each making them)."""
-        matched_to = self._matched_to
-        return (_action(item, matched_to) for item in self._items)
+        """Each record's action, in order (a column of the store: no record made; counting a
+        200,000-tensor plan's actions, twice an apply, was ~0.3 s each making them)."""
+        items, matched_to = self._items, self._matched_to
+        if isinstance(items, tuple):
+            return (_action(item, matched_to) for item in items)
+        column = StoredRows(items.store, items.table, items.count, column="action")
+        return (action for chunk in column.chunks() for action in chunk)
 
     def stored(self) -> Iterator[TensorRecord]:
         """The records held as records: every one but those of tensors copied whole (loaded,
         renamed or cast) by a rule without ops."""
-        return (item for item in self._items if type(item) is TensorRecord)  # type: ignore[misc]
+        items = self._items
+        if isinstance(items, tuple):
+            return (item for item in items if type(item) is TensorRecord)  # type: ignore[misc]
+        held = StoredRows(items.store, items.table, items.count, where="copied = 0")
+        return (load(blob) for chunk in held.chunks() for blob in chunk)
 
-    def __eq__(self, other: object) -> bool:
+    def close(self) -> None:
+        if isinstance(self._items, StoredRows):
+            self._items.store.close()
+
+    def __eq__(self, other: object) -> bool | Any:
         if isinstance(other, (Records, tuple)):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other))
         return NotImplemented
@@ -174,8 +258,6 @@ class Records(Sequence[TensorRecord]):
     def __repr__(self) -> str:
         return f"Records({len(self)} records)"
 
-    def __getstate__(self) -> tuple[tuple[TensorRecord | OutputPlan, ...], frozenset[str]]:
-        return self._items, self._matched_to
-
-    def __setstate__(self, state: tuple[tuple[TensorRecord | OutputPlan, ...], frozenset[str]]) -> None:
-        self._items, self._matched_to = state
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a pickled plan is a value held whole: its records go with it
+        return Records, (tuple(self._raw()), self._matched_to)

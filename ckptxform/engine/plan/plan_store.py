@@ -1,0 +1,369 @@
+"""A plan's per-tensor tables on disk: one sqlite database per plan, in a temp file
+unlinked as soon as it is open (it can never be left behind), holding its outputs (key ->
+``OutputPlan``) and its records (source tensor -> ``TensorRecord``, or the output it is
+copied whole into, record_table.py).
+
+Held in RAM they were most of a run's peak: ~400 bytes a tensor for a 200,000-tensor
+rename's plan, key strings included. In the database (journal off, no sync, an 8 MB page
+cache) a million rows fill at ~9 us a row, pickling included (a marshalled tuple is faster, row_codec.py), a scan is ~5 us a row, and
+the process stays at ~39 MB whatever the count. Writes are batched (executemany), reads
+fetched in chunks: a round trip a tensor is ~2-3 us.
+
+Keys are stored as their UTF-8 bytes (lone surrogates kept): bytes compare as code points
+do, so ``ORDER BY key`` is ``sorted()``'s order.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sqlite3
+import tempfile
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn, overload
+
+from .recipes import OutputPlan
+from .row_codec import decode, encode
+
+#: rows a write batches, and a read fetches at a time
+BATCH = 4096
+
+
+def key_bytes(key: str) -> bytes:
+    return key.encode("utf-8", "surrogatepass")
+
+
+#: an item as a row holds it, and back (row_codec.py)
+dump, load = encode, decode
+
+
+class PlanStore:
+    """The database of one plan; ``close()`` (or its last reference dropped) frees it."""
+
+    def __init__(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="ckptxform-plan-", suffix=".sqlite")
+        os.close(fd)
+        try:
+            # not checked for its thread: a progress or writer thread may read the plan;
+            # sqlite serializes calls on one connection
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        finally:
+            os.unlink(path)
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-8192"):
+            self.db.execute(f"PRAGMA {pragma}")
+        self.db.execute("BEGIN")  # one transaction, never committed: the file is gone at close anyway
+        self._close = weakref.finalize(self, self.db.close)
+
+    def close(self) -> None:
+        self._close()
+
+    @property
+    def closed(self) -> bool:
+        return not self._close.alive
+
+
+class StoredRows:
+    """Rows 1..n of one of the store's tables, by rowid: ``column`` of row ``i + 1`` is item
+    ``i``. O(log n) a lookup; iteration fetches ``BATCH`` rows at a time."""
+
+    def __init__(self, store: PlanStore, table: str, count: int, column: str = "item", where: str = "") -> None:
+        self.store, self.table, self.count, self.column = store, table, count, column
+        self._where = f" AND {where}" if where else ""
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        if self.store.closed:
+            raise ValueError("the plan is closed: its outputs and records are released")
+        return [row[0] for row in self.store.db.execute(sql, args).fetchall()]
+
+    def at(self, index: int) -> Any:
+        return self._rows(f"SELECT {self.column} FROM {self.table} WHERE rowid = ?", (index + 1,))[0]
+
+    def span(self, start: int, stop: int) -> list[Any]:
+        """Items ``start`` to ``stop - 1``."""
+        return self._rows(f"SELECT {self.column} FROM {self.table} WHERE rowid > ? AND rowid <= ? ORDER BY rowid",
+                          (start, stop))
+
+    def chunks(self) -> Iterator[list[Any]]:
+        last = 0
+        sql = f"SELECT rowid, {self.column} FROM {self.table} WHERE rowid > ?{self._where} ORDER BY rowid LIMIT ?"
+        while True:
+            if self.store.closed:
+                raise ValueError("the plan is closed: its outputs and records are released")
+            rows = self.store.db.execute(sql, (last, BATCH)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield [row[1] for row in rows]
+
+    def lookup(self, sql: str, args: tuple[Any, ...]) -> Any:
+        """The first column of the first row ``sql`` selects, or None."""
+        rows = self._rows(sql, args)
+        return rows[0] if rows else None
+
+
+def resolve(index: int | slice, count: int) -> range | int:
+    """``index`` of a sequence of ``count`` items: a range for a slice, else the int
+    (IndexError when out of range)."""
+    if isinstance(index, slice):
+        return range(count)[index]
+    if index < 0:
+        index += count
+    if not 0 <= index < count:
+        raise IndexError("index out of range")
+    return index
+
+
+def same_items(a: Sequence[Any], b: object) -> bool | Any:
+    if not isinstance(b, (Sequence)) or isinstance(b, (str, bytes)):
+        return NotImplemented
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+class PlanOutputs(Sequence[OutputPlan]):
+    """A plan's outputs in key order, each made when read (from the store while the plan is
+    open; from a tuple once unpickled). ``output(key)`` looks one up."""
+
+    def __init__(self, rows: StoredRows | tuple[OutputPlan, ...], total_bytes: int) -> None:
+        self._rows = rows
+        self.total_bytes = total_bytes
+
+    def __len__(self) -> int:
+        return len(self._rows) if isinstance(self._rows, tuple) else self._rows.count
+
+    @overload
+    def __getitem__(self, index: int) -> OutputPlan: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[OutputPlan, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> OutputPlan | tuple[OutputPlan, ...]:
+        rows = self._rows
+        if isinstance(rows, tuple):
+            return rows[index]
+        where = resolve(index, rows.count)
+        if isinstance(where, int):
+            return load(rows.at(where))
+        if where.step == 1:
+            return tuple(map(load, rows.span(where.start, where.stop)))
+        return tuple(load(rows.at(i)) for i in where)
+
+    def __iter__(self) -> Iterator[OutputPlan]:
+        if isinstance(self._rows, tuple):
+            yield from self._rows
+            return
+        for chunk in self._rows.chunks():
+            yield from map(load, chunk)
+
+    def output(self, key: str) -> OutputPlan | None:
+        rows = self._rows
+        if isinstance(rows, tuple):
+            import bisect
+            i = bisect.bisect_left(rows, key, key=lambda o: o.key)
+            return rows[i] if i < len(rows) and rows[i].key == key else None
+        item = rows.lookup(f"SELECT item FROM {rows.table} WHERE key = ?", (key_bytes(key),))
+        return None if item is None else load(item)
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, OutputPlan) and self.output(value.key) == value
+
+    def close(self) -> None:
+        if isinstance(self._rows, StoredRows):
+            self._rows.store.close()
+
+    def __eq__(self, other: object) -> bool | Any:
+        return same_items(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PlanOutputs({len(self)} outputs)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a pickled plan is a value held whole: its outputs go with it
+        return PlanOutputs, (tuple(self), self.total_bytes)
+
+
+class OutputTable(Mapping[str, OutputPlan]):
+    """The planner's outputs as they grow: ``add`` batches them into the store; a key
+    already there is ``on_duplicate(key, producer)``'s to say (it raises), when its batch is
+    written or, for a key twice in one batch, at once (``producer`` is what the caller
+    holds to name what writes it, None when the output says it). Iterates in key order;
+    ``finish()`` makes the plan's ``PlanOutputs``."""
+
+    def __init__(self, store: PlanStore, on_duplicate: Callable[[OutputPlan, object | None], NoReturn]) -> None:
+        self.store = store
+        self.on_duplicate = on_duplicate
+        # the item last: a read of the columns before it does not walk over its bytes (a config
+        # check's pass over keys and shapes took ~18 us a row with it first, on op chains' outputs)
+        store.db.execute("CREATE TABLE outputs(key BLOB PRIMARY KEY, nbytes INTEGER NOT NULL, input_dtype TEXT NOT NULL, "
+                         "shape BLOB NOT NULL, item BLOB NOT NULL)")
+        #: key -> (output, what writes it when it does not say it): the batch not yet written
+        self._pending: dict[str, tuple[OutputPlan, object | None]] = {}
+        self._count = 0
+
+    def add(self, out: OutputPlan, producer: object | None) -> None:
+        if out.key in self._pending:
+            self.on_duplicate(out, producer)
+        self._pending[out.key] = (out, producer)
+        if len(self._pending) >= BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the batch; a key already written says so (``on_duplicate``)."""
+        pending = self._pending
+        if not pending:
+            return
+        before = self._count
+        rows = [(key_bytes(key), dump(out), out.nbytes, out.input_dtype, marshal.dumps(tuple(map(int, out.shape))))
+                for key, (out, _) in pending.items()]
+        cursor = self.store.db.executemany(
+            "INSERT OR IGNORE INTO outputs(key, item, nbytes, input_dtype, shape) VALUES (?, ?, ?, ?, ?)", rows)
+        self._count += cursor.rowcount
+        if cursor.rowcount != len(rows):
+            for key, (out, producer) in pending.items():  # the first of the batch already written before it
+                rowid = self._value("SELECT rowid FROM outputs WHERE key = ?", key)
+                if rowid is not None and rowid <= before:
+                    self._pending = {}
+                    self.on_duplicate(out, producer)
+        self._pending = {}
+
+    def _value(self, sql: str, key: str) -> Any:
+        row = self.store.db.execute(sql, (key_bytes(key),)).fetchone()
+        return None if row is None else row[0]
+
+    def __getitem__(self, key: str) -> OutputPlan:
+        out = self.get(key)
+        if out is None:
+            raise KeyError(key)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        held = self._pending.get(key)
+        if held is not None:
+            return held[0]
+        item = self._value("SELECT item FROM outputs WHERE key = ?", key)
+        return default if item is None else load(item)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and (key in self._pending or
+                                         self._value("SELECT 1 FROM outputs WHERE key = ?", key) is not None)
+
+    def __len__(self) -> int:
+        return self._count + len(self._pending)
+
+    def _scan(self, columns: str, order: str = "key", bound: int | None = None,
+              cond: str = "") -> Iterator[tuple[Any, ...]]:
+        self.flush()
+        last: Any = b"" if order == "key" else 0
+        if bound is not None:
+            cond += f" AND rowid <= {int(bound)}"
+        sql = f"SELECT {order}, {columns} FROM outputs WHERE {order} > ?{cond} ORDER BY {order} LIMIT {BATCH}"
+        if order == "key":
+            # the empty key sorts first, and '> ?' would leave it out
+            rows = self.store.db.execute(f"SELECT key, {columns} FROM outputs WHERE key = ?{cond}", (b"",)).fetchall()
+            yield from (row[1:] for row in rows)
+        while True:
+            rows = self.store.db.execute(sql, (last,)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield from (row[1:] for row in rows)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys, in key order."""
+        return (key.decode("utf-8", "surrogatepass") for key, in self._scan("key"))
+
+    def items(self) -> Iterator[tuple[str, OutputPlan]]:  # type: ignore[override]
+        """(key, output), in key order, read a batch at a time."""
+        return ((out.key, out) for out in self.values())
+
+    def made_from(self, input_dtypes: Iterable[str]) -> Iterator[OutputPlan]:
+        """The outputs whose recipe makes one of ``input_dtypes``, in key order (the others
+        are not read)."""
+        names = sorted(input_dtypes)
+        assert all(name.isalnum() or name.replace("_", "").isalnum() for name in names)
+        cond = " AND input_dtype IN (" + ", ".join(f"'{name}'" for name in names) + ")"
+        return (load(item) for item, in self._scan("item", cond=cond))
+
+    def values(self) -> Iterator[OutputPlan]:  # type: ignore[override]
+        """The outputs, in key order, read a batch at a time."""
+        return (load(item) for item, in self._scan("item"))
+
+    def in_made_order(self) -> Iterator[OutputPlan]:
+        """The outputs in the order they were added."""
+        return (load(item) for item, in self._scan("item", order="rowid"))
+
+    def so_far(self) -> Mapping[str, OutputPlan]:
+        """The outputs added until now, not those added later (read-only, in key order)."""
+        self.flush()
+        return _OutputsUntil(self, self._count)
+
+    def finish(self) -> PlanOutputs:
+        """The outputs in key order, as a plan holds them: the table is renumbered so that
+        a row's rowid is its rank (an item by index is one lookup)."""
+        self.flush()
+        db = self.store.db
+        db.execute("CREATE TABLE ranked(key BLOB PRIMARY KEY, nbytes INTEGER NOT NULL, item BLOB NOT NULL)")
+        db.execute("INSERT INTO ranked(rowid, key, nbytes, item) "
+                   "SELECT row_number() OVER (ORDER BY key), key, nbytes, item FROM outputs ORDER BY key")
+        db.execute("DROP TABLE outputs")
+        total = db.execute("SELECT coalesce(sum(nbytes), 0) FROM ranked").fetchone()[0]
+        return PlanOutputs(StoredRows(self.store, "ranked", self._count), total)
+
+
+def keys_in_order(outputs: Mapping[str, Any]) -> Iterable[str]:
+    """The keys of ``outputs`` in key order, read again on each pass (an ``OutputTable``'s
+    are streamed from the store; another mapping's sorted once)."""
+    return outputs if isinstance(outputs, OutputTable) else sorted(outputs)
+
+
+class _Shapes:
+    """(key, shape) of each output of an ``OutputTable``, in key order, on each pass read from
+    its columns (no output made: an op chain's takes ~25 us)."""
+
+    def __init__(self, table: OutputTable) -> None:
+        self._table = table
+
+    def __iter__(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        return ((key.decode("utf-8", "surrogatepass"), marshal.loads(shape))
+                for key, shape in self._table._scan("key, shape"))
+
+
+def shapes_in_order(outputs: Mapping[str, Any]) -> Iterable[tuple[str, tuple[int, ...]]]:
+    """(key, shape) of ``outputs`` (anything with a ``shape``) in key order, read again on
+    each pass (streamed from an ``OutputTable``)."""
+    if isinstance(outputs, OutputTable):
+        return _Shapes(outputs)
+    return [(key, outputs[key].shape) for key in sorted(outputs)]
+
+
+def made_from(outputs: Mapping[str, OutputPlan], input_dtypes: Iterable[str]) -> Iterable[OutputPlan]:
+    """The outputs of ``outputs`` whose recipe makes one of ``input_dtypes``, in key order
+    (streamed from an ``OutputTable``, the others not read)."""
+    if isinstance(outputs, OutputTable):
+        return outputs.made_from(input_dtypes)
+    wanted = set(input_dtypes)
+    return (outputs[key] for key in sorted(outputs) if outputs[key].input_dtype in wanted)
+
+
+class _OutputsUntil(Mapping[str, OutputPlan]):
+    """An ``OutputTable`` as it stood when it held ``count`` outputs."""
+
+    def __init__(self, table: OutputTable, count: int) -> None:
+        self._table, self._count = table, count
+
+    def __getitem__(self, key: str) -> OutputPlan:
+        item = self._table._value(f"SELECT item FROM outputs WHERE key = ? AND rowid <= {self._count}", key)
+        if item is None:
+            raise KeyError(key)
+        return load(item)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[str]:
+        return (key.decode("utf-8", "surrogatepass") for key, in self._table._scan("key", bound=self._count))
+
+    def items(self) -> Iterator[tuple[str, OutputPlan]]:  # type: ignore[override]
+        return ((out.key, out) for out in (load(item) for item, in self._table._scan("item", bound=self._count)))
