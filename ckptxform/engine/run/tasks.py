@@ -4,8 +4,8 @@ The plan fixes every shard's header, so a task writes one whole file: ``write_sh
 runs the shard's outputs through whatever produces their bytes (engine/run/execute.py), then
 commits the file to the job directory with its record (engine/output/jobdir.py) and returns the
 record. A ``ShardTask`` is what a worker needs, small and picklable: the job directory
-and the shard; the run's plan for its tasks is saved in the job directory
-(engine/run/shard_plan.py: the outputs, what they read, the pins). A worker never plans: it opens the pinned sources (once per
+and the shard; the run's plan for its tasks is saved in the job directory, a file a
+shard (engine/run/shard_plan.py: the outputs, what they read, the pins). A worker never plans: it opens the pinned sources (once per
 process), refuses a source that changed and bytes of another object than the run read
 first, so the same tasks run in a process pool here and on other machines
 (engine/run/ray.py). A worker's task error reaches the run as one error naming its shard
