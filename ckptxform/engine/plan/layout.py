@@ -162,12 +162,15 @@ class ShardLayout:
         specs = tuple(specs)
         return cls(file, specs, range(len(specs)), data_nbytes, len(header), header, array("Q", offsets).tobytes())
 
-    def standalone(self, items: Sequence[TensorSpec] | None = None) -> ShardLayout:
+    def standalone(self, items: Sequence[TensorSpec] | None = None, *, header: bool = False) -> ShardLayout:
         """The same shard holding its own tensors (``items``: the same keys, dtypes and
         shapes in data order, e.g. the plan's outputs for a layout of copies; default
-        ``specs``) and a header that needs no open source: what a task's plan carries."""
+        ``specs``) and a header that needs no open source (what a task's plan carries),
+        or, with ``header``, its bytes (what a task writing the shard asks for twice)."""
         own = tuple(self.specs if items is None else items)
-        made = self.made_from.read() if isinstance(self.made_from, SourceHeader) else self.made_from
+        made = self.made_from
+        if isinstance(made, SourceHeader) or header and isinstance(made, MadeHeader):
+            made = ShardLayout(self.file, own, range(len(own)), self.data_nbytes, self.header_nbytes, made).header
         return ShardLayout(self.file, own, range(len(own)), self.data_nbytes, self.header_nbytes, made,
                            self.fixed_offsets)
 

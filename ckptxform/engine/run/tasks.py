@@ -72,11 +72,14 @@ def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], Non
     """Write ``task``'s shard, reading through ``sources``, into its job directory; flush,
     commit and return its record."""
     work, job = load_run_plan(task.job, task.plan).shards[task.file], task.job
-    shard = work.shard
+    outputs = work.outputs
+    # the shard's outputs made once, for the writer's placements and the streams alike,
+    # and its header once, for the file and its record
+    shard = work.shard.standalone(outputs, header=True)
     partial = job.begin_shard(shard)
     before = {name: len(ckpt.fetch_events()) for name, ckpt in sources.checkpoints.items()}
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
-        write_outputs(list(work.outputs), sources, writer, progress)
+        write_outputs(list(outputs), sources, writer, progress)
     digests, moved = writer.take_results()
     cloned = writer.bytes_cloned
     # how this shard's Hub bytes were fetched (a worker's sources serve many shards)
