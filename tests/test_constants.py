@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,10 @@ def test_a_run_in_worker_processes_writes_the_same_constants(tmp_path: Path) -> 
     with opened:
         layout = layout_of(plan, opened)
         run = slice_plan(plan, opened, list(layout.shards), first_etags(opened))
-    assert CODEC.decode(json.loads(json.dumps(CODEC.encode(run))), "plan.json") == run
+        for work in run.shards.values():  # a file a shard's plan, and one of what they share
+            assert CODEC.decode(json.loads(json.dumps(CODEC.encode(work))), "plan.json") == work
+    alone = replace(run, shards={})
+    assert CODEC.decode(json.loads(json.dumps(CODEC.encode(alone))), "plan.json") == alone
     one = api.apply(rule, out=tmp_path / "one", sources={"model": str(tmp_path / "src")}, progress=False, jobs=1)
     two = api.apply(rule, out=tmp_path / "two", sources={"model": str(tmp_path / "src")}, progress=False, jobs=2)
     assert len(list(two.out.glob("*.safetensors"))) > 2

@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,16 @@ def test_the_job_directory_holds_the_run_plan_as_json_and_a_task_only_names_its_
         job.open(layout, resume=False)
         tasks = shard_tasks(plan, opened, layout, job, list(range(len(layout.shards))))
         expected = slice_plan(plan, opened, list(layout.shards), first_etags(opened))
+        assert load_run_plan(job, tasks[0].plan) == expected  # its shards made while the sources are open
     assert len(tasks) == SHARDS
     assert {task.plan for task in tasks} == {f"plan-{os.uname().nodename}-{os.getpid()}.json"}
     data = json.loads((job.path / tasks[0].plan).read_text())  # plain JSON: no pickle, no code
-    saved = CODEC.decode(data["plan"], "plan.json")
-    assert saved == expected == load_run_plan(job, tasks[0].plan)
+    assert CODEC.decode(data["plan"], "plan.json") == replace(expected, shards={})
+    assert list(data["shards"]) == [task.file for task in tasks]  # a file a shard: a worker reads its own
     for task, shard in zip(tasks, layout.shards):
-        work = saved.shards[task.file]
+        work = CODEC.decode(json.loads((job.path / data["shards"][task.file]).read_text())["shard"], "plan.json")
         assert [o.key for o in work.outputs] == [p.spec.key for p in shard.tensors]
+        assert work.shard.header == shard.header and work.shard.offsets == shard.offsets
         assert {key for _, key in work.reads} >= {ref.key for o in work.outputs for ref in o.recipe.inputs}
         pickled = pickle.dumps(task)  # what goes to a worker: the job directory and the shard
         for absent in (b"RuleSet", b"Checkpoint", b"OutputPlan"):

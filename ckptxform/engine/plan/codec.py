@@ -1,7 +1,7 @@
 """Plan values <-> JSON-able data, through a registry of the classes a codec admits.
 
 ``Codec(classes).encode(value)`` turns dataclasses of those classes, tuples, lists,
-dicts (any hashable keys), bytes, paths and ops (named by verb) into plain JSON data;
+dicts (any hashable keys), bytes, ranges, paths and ops (named by verb) into plain JSON data;
 ``decode`` rebuilds them and refuses anything else, naming it: a job file someone edited
 can hold wrong values (each class's own checks then refuse them, and a worker checks its
 sources against the pins), never a class or code to run.
@@ -88,6 +88,8 @@ class Codec:
             return {"dict": [[self.encode(k), self.encode(v)] for k, v in value.items()]}
         if isinstance(value, bytes):
             return {"bytes": base64.b64encode(value).decode("ascii")}
+        if isinstance(value, range):  # a shard's tensors: a run of ranks
+            return {"range": [value.start, value.stop, value.step]}
         if isinstance(value, Path):
             return {"path": str(value)}
         verb = getattr(type(value), "verb", None)
@@ -116,6 +118,12 @@ class Codec:
             return base64.b64decode(data["bytes"], validate=True)
         if "path" in data:
             return Path(data["path"])
+        if "range" in data:
+            bounds = data["range"]
+            if not isinstance(bounds, list) or len(bounds) != 3 or not all(type(b) is int for b in bounds) \
+                    or bounds[2] == 0:
+                raise self._refused(data, where)
+            return range(*bounds)
         if "op" in data:
             if data["op"] not in self._ops:
                 raise self._refused(data, where)

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import sys
-import zlib
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -109,49 +108,132 @@ CopiedFrom = Callable[[TensorSpec], "tuple[str, int] | None"]
 
 
 @dataclass(frozen=True)
+class MadeHeader:
+    """A shard header made from its tensors: ``metadata``, each tensor's entry in data
+    order, then ``pad`` spaces (``_header_pad``): remade when asked for, not held."""
+
+    metadata: dict[str, str] | None
+    pad: int
+
+
+@dataclass(frozen=True, eq=False)
+class SourceHeader:
+    """A shard whose header is a source file's own bytes (engine/plan/layout_like.py): read
+    again from the open source when asked for (a few times a shard), not held."""
+
+    ckpt: Any
+    file: str
+
+    def read(self) -> bytes:
+        return self.ckpt.raw_header(self.file)
+
+
+@dataclass(frozen=True)
 class ShardLayout:
-    """One output file: its complete header (8-byte length + padded JSON) and tensors;
-    made by ``ShardLayout.of``.
+    """One output file: which tensors it holds, in data order, its data and header sizes,
+    and how its header is made.
 
-    The tensors are columns: ``specs`` and, in their order, ``offsets`` (absolute, packed
-    as ``array('Q')``): a ``TensorPlacement`` and its offset each were ~90 bytes a tensor
-    kept to the commit, ~18 MB of a 200,000-tensor rename. ``tensors`` makes the
-    placements when asked.
-
-    The header is held compressed: ~75 bytes a tensor, kept for every shard from the layout
-    to the commit, it was 15 MB of a 200,000-tensor rename's ~300 MB peak; it is asked for
-    a few times a shard (written, hashed, checked on resume)."""
+    A shard holds no object a tensor: its tensors are ``ranks`` into ``items``, a sequence
+    every shard of the layout shares (the plan's outputs, whose items may be made on
+    access), and its header is remade from them (``made_from``: a ``MadeHeader``, a
+    ``SourceHeader``, or the bytes themselves). ``specs``, ``offsets``, ``header`` and
+    ``tensors`` are made on each call, one shard at a time: a tuple of specs, an offsets
+    array and a compressed header a shard were 25 bytes a tensor held from the layout to
+    the commit, and they kept every output plan alive. Offsets follow each other from the
+    end of the header, unless ``fixed_offsets`` gives them (GGUF aligns each tensor)."""
 
     file: str
-    specs: tuple[TensorSpec, ...]
-    offsets: bytes = field(repr=False)
+    items: Sequence[TensorSpec] = field(repr=False)
+    ranks: range | array = field(repr=False)  # type: ignore[type-arg]
     data_nbytes: int
     header_nbytes: int
-    packed_header: bytes = field(repr=False)
+    made_from: bytes | MadeHeader | SourceHeader = field(repr=False)
+    #: absolute offsets packed as ``array('Q')`` bytes, when not packed from the header on
+    fixed_offsets: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if len(self.offsets) != 8 * len(self.specs):
-            raise ValueError(f"{len(self.offsets)} bytes of offsets for {len(self.specs)} tensors")
+        if self.fixed_offsets is not None and len(self.fixed_offsets) != 8 * len(self.ranks):
+            raise ValueError(f"{len(self.fixed_offsets)} bytes of offsets for {len(self.ranks)} tensors")
 
     @classmethod
     def of(cls, *, file: str, header: bytes, specs: Sequence[TensorSpec], offsets: Iterable[int],
            data_nbytes: int) -> ShardLayout:
-        return cls(file, tuple(specs), array("Q", offsets).tobytes(), data_nbytes, len(header),
-                   zlib.compress(header, 1))
+        """A shard of its own ``specs`` at the given absolute ``offsets``, under ``header``."""
+        specs = tuple(specs)
+        return cls(file, specs, range(len(specs)), data_nbytes, len(header), header, array("Q", offsets).tobytes())
+
+    def standalone(self, items: Sequence[TensorSpec] | None = None, *, header: bool = False) -> ShardLayout:
+        """The same shard holding its own tensors (``items``: the same keys, dtypes and
+        shapes in data order, e.g. the plan's outputs for a layout of copies; default
+        ``specs``) and a header that needs no open source (what a task's plan carries),
+        or, with ``header``, its bytes (what a task writing the shard asks for twice)."""
+        own = tuple(self.specs if items is None else items)
+        made = self.made_from
+        if isinstance(made, SourceHeader) or header and isinstance(made, MadeHeader):
+            made = ShardLayout(self.file, own, range(len(own)), self.data_nbytes, self.header_nbytes, made).header
+        return ShardLayout(self.file, own, range(len(own)), self.data_nbytes, self.header_nbytes, made,
+                           self.fixed_offsets)
+
+    @property
+    def count(self) -> int:
+        """How many tensors the shard holds."""
+        return len(self.ranks)
+
+    @property
+    def specs(self) -> tuple[TensorSpec, ...]:
+        """The shard's tensors in data order (made on each call)."""
+        ranks = self.ranks
+        if type(ranks) is range and ranks.step == 1:
+            return tuple(self.items[ranks.start:ranks.stop])
+        items = self.items
+        return tuple(items[r] for r in ranks)
+
+    @property
+    def offsets(self) -> array:  # type: ignore[type-arg]
+        """Every tensor's absolute offset, in data order (``array('Q')``, made on each call)."""
+        return self._offsets_of(None)
+
+    def _offsets_of(self, specs: Sequence[TensorSpec] | None) -> array:  # type: ignore[type-arg]
+        offsets = array("Q")
+        if self.fixed_offsets is not None:
+            offsets.frombytes(self.fixed_offsets)
+            return offsets
+        offset = self.header_nbytes
+        for spec in self.specs if specs is None else specs:
+            offsets.append(offset)
+            offset += spec.nbytes
+        return offsets
 
     def offset(self, i: int) -> int:
-        """Tensor ``i``'s (of ``specs``) absolute offset in the file."""
-        return int.from_bytes(self.offsets[8 * i:8 * i + 8], sys.byteorder)
+        """Tensor ``i``'s (of ``specs``) absolute offset in the file. The shard's offsets are
+        kept once asked for (8 bytes a tensor): the commit's table of written tensors asks
+        them in key order, across shards."""
+        offsets = self.__dict__.get("_kept_offsets")
+        if offsets is None:
+            offsets = self.__dict__["_kept_offsets"] = self.offsets
+        return int(offsets[i])
 
     @property
     def tensors(self) -> tuple[TensorPlacement, ...]:
         """Every tensor's placement, in data order (made on each call)."""
-        offsets = array("Q", self.offsets)
-        return tuple(TensorPlacement(spec, self.file, offset) for spec, offset in zip(self.specs, offsets, strict=True))
+        specs = self.specs
+        return tuple(TensorPlacement(spec, self.file, offset)
+                     for spec, offset in zip(specs, self._offsets_of(specs), strict=True))
 
     @property
     def header(self) -> bytes:
-        return zlib.decompress(self.packed_header)
+        """The 8-byte length and the padded JSON header (made on each call)."""
+        made = self.made_from
+        if isinstance(made, bytes):
+            return made
+        if isinstance(made, SourceHeader):
+            return made.read()
+        text, _ = _header_text(self.specs, made.metadata)
+        blob = (len(text) + made.pad).to_bytes(8, "little") + text + b" " * made.pad
+        if len(blob) != self.header_nbytes:  # the layout's sizes were fixed from the same specs
+            raise OutputError(f"internal error: the header of {self.file!r} is {len(blob)} bytes, laid out as "
+                              f"{self.header_nbytes}", path=self.file)
+        return blob
 
     @property
     def file_nbytes(self) -> int:
@@ -165,6 +247,9 @@ class OutputLayout:
 
     shards: tuple[ShardLayout, ...]
     index_file: str | None
+    #: the items every shard takes its tensors from, when they are in key order (a plan's
+    #: outputs): the index walks them once instead of sorting each shard's keys
+    keyed: Sequence[TensorSpec] | None = field(default=None, repr=False)
 
     @cached_property
     def placements(self) -> Mapping[str, TensorPlacement]:
@@ -178,7 +263,7 @@ class OutputLayout:
             return self.placements[key]
         except KeyError:
             raise OutputError(f"tensor {key!r} is not in the output layout "
-                              f"(it has {sum(len(s.specs) for s in self.shards)} tensors)", key=key) from None
+                              f"(it has {sum(s.count for s in self.shards)} tensors)", key=key) from None
 
     @property
     def total_bytes(self) -> int:
@@ -192,23 +277,37 @@ class OutputLayout:
 
     def index_json(self) -> dict[str, Any]:
         """The standard ``model.safetensors.index.json`` content (also valid when unsharded)."""
-        # the keys sorted, then each one's file: one dict, not a table by key and its sorted copy
-        weight_map: dict[str, str] = dict.fromkeys(sorted(spec.key for shard in self.shards for spec in shard.specs))
-        for shard in self.shards:
-            for spec in shard.specs:
-                weight_map[spec.key] = shard.file
-        return {"metadata": {"total_size": self.total_bytes}, "weight_map": weight_map}
+        return {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(self._keys_with_files())}
 
     def index_text(self) -> Iterator[str]:
-        """``json.dumps(self.index_json(), indent=2)``, a piece at a time: the keys merged
-        from each shard's sorted ones (8 bytes a tensor), not a dict of every key (its
-        ~50 bytes a tensor were the peak of a 1,000,000-tensor run's commit)."""
+        """``json.dumps(self.index_json(), indent=2)``, a piece at a time, the keys in order
+        (``_keys_with_files``), not a dict of every key (its ~50 bytes a tensor were the
+        peak of a 1,000,000-tensor run's commit)."""
         yield f'{{\n  "metadata": {{\n    "total_size": {self.total_bytes}\n  }},\n  "weight_map": {{'
         separator = "\n    "
-        for key, file in heapq.merge(*(_keyed_by_file(shard) for shard in self.shards)):
+        for key, file in self._keys_with_files():
             yield f"{separator}{json.dumps(key)}: {json.dumps(file)}"
             separator = ",\n    "
         yield "}\n}" if separator == "\n    " else "\n  }\n}"
+
+    def _keys_with_files(self) -> Iterator[tuple[str, str]]:
+        """Every key in order, with its file: the ``keyed`` items walked once with the shard
+        of each rank (2 bytes a tensor), else each shard's sorted keys merged."""
+        if self.keyed is None or any(shard.items is not self.keyed for shard in self.shards):
+            yield from heapq.merge(*(_keyed_by_file(shard) for shard in self.shards))
+            return
+        code = "H" if len(self.shards) < 1 << 16 else "I"
+        owner = array(code, bytes(array(code).itemsize * len(self.keyed)))
+        for number, shard in enumerate(self.shards):
+            ranks = shard.ranks
+            if type(ranks) is range and ranks.step == 1:
+                owner[ranks.start:ranks.stop] = array(code, [number]) * len(ranks)
+            else:
+                for rank in ranks:
+                    owner[rank] = number
+        files = [shard.file for shard in self.shards]
+        for rank, spec in enumerate(self.keyed):
+            yield spec.key, files[owner[rank]]
 
 
 def _keyed_by_file(shard: ShardLayout) -> Iterator[tuple[str, str]]:
@@ -216,6 +315,45 @@ def _keyed_by_file(shard: ShardLayout) -> Iterator[tuple[str, str]]:
     file = shard.file
     for key in sorted(spec.key for spec in shard.specs):
         yield key, file
+
+
+class KeyScan:
+    """Checks a layout's specs as they are walked once (``see``): each can be a safetensors
+    tensor, and whether their keys come in strictly increasing order (a plan's outputs
+    do); ``finish`` refuses a key given twice, with a table of keys only when they did not
+    come in order."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+        self.in_order = True
+
+    def see(self, spec: TensorSpec) -> None:
+        check_spec(spec)
+        key = spec.key
+        if self.in_order and self._last is not None and key <= self._last:
+            self.in_order = False
+        self._last = key
+
+    def finish(self, specs: Iterable[TensorSpec]) -> bool:
+        """Whether the keys came in order (then each is there once); a PlanError for a key
+        given twice otherwise."""
+        if not self.in_order:
+            seen: set[str] = set()
+            for spec in specs:
+                if spec.key in seen:
+                    raise PlanError(f"output tensor {spec.key!r} is produced twice; "
+                                    "make the rules give each output a distinct name", key=spec.key)
+                seen.add(spec.key)
+        return self.in_order
+
+
+def compact_ranks(ranks: Sequence[int]) -> range | array:  # type: ignore[type-arg]
+    """``ranks`` as a range when they are one contiguous increasing run (no byte a tensor),
+    else ``array('I')`` (4 bytes a tensor)."""
+    first = ranks[0] if ranks else 0
+    if all(rank == first + i for i, rank in enumerate(ranks)):
+        return range(first, first + len(ranks))
+    return array("I", ranks)
 
 
 def plan_layout(
@@ -243,32 +381,40 @@ def plan_layout(
     """
     if max_shard_size is not None and max_shard_size <= 0:
         raise UsageError(f"max_shard_size must be positive, got {max_shard_size}")
-    return layout_in_groups(_pack(specs, max_shard_size), file_name=file_name, metadata=metadata,
+    # Greedy, order-keeping packing; always at least one (possibly empty) group. A tensor
+    # over the limit lands alone: it starts a group, and the group is then over the limit.
+    scan, starts, size, count = KeyScan(), [0], 0, 0
+    for rank, spec in enumerate(specs):
+        scan.see(spec)
+        nbytes = spec.nbytes
+        if max_shard_size is not None and rank > starts[-1] and size + nbytes > max_shard_size:
+            starts.append(rank)
+            size = 0
+        size += nbytes
+        count = rank + 1
+    groups = [range(a, b) for a, b in zip(starts, [*starts[1:], count], strict=True)]
+    return layout_in_groups(specs, groups, in_order=scan.finish(specs), file_name=file_name, metadata=metadata,
                             copied_from=copied_from)
 
 
 def layout_in_groups(
-    groups: Sequence[Sequence[TensorSpec]],
+    items: Sequence[TensorSpec],
+    groups: Sequence[range | array],  # type: ignore[type-arg]
     *,
+    in_order: bool,
     file_name: str = "model.safetensors",
     metadata: Mapping[str, str] | None = _DEFAULT_METADATA,
     copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None = None,
 ) -> OutputLayout:
-    """One shard a group (at least one group), named as ``plan_layout`` names them;
-    ``copied_from`` as for ``plan_layout``."""
+    """One shard a group of ranks into ``items`` (at least one group; together each rank
+    once, their keys checked by a ``KeyScan``, which says whether they are ``in_order``),
+    named as ``plan_layout`` names them; ``copied_from`` as for ``plan_layout``."""
     if not file_name.endswith(".safetensors") or "/" in file_name or file_name == ".safetensors":
         raise UsageError(f"output file name {file_name!r} must be a plain name ending in "
                          "'.safetensors', e.g. 'model.safetensors'")
     if metadata is not None and not all(isinstance(k, str) and isinstance(v, str)
                                         for k, v in metadata.items()):
         raise UsageError("safetensors metadata must map strings to strings")
-    seen: set[str] = set()
-    for group in groups:
-        for spec in group:
-            if spec.key in seen:
-                raise PlanError(f"output tensor {spec.key!r} is produced twice; "
-                                "make the rules give each output a distinct name", key=spec.key)
-            seen.add(spec.key)
     if len(groups) == 1:
         names = [file_name]
         index_file = None
@@ -276,23 +422,9 @@ def layout_in_groups(
         stem = file_name.removesuffix(".safetensors")
         names = [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)]
         index_file = f"{file_name}.index.json"
-    shards = tuple(shard_layout(name, *_source_order(group, copied_from), metadata)
-                   for name, group in zip(names, groups, strict=True))
-    return OutputLayout(shards=shards, index_file=index_file)
-
-
-def _pack(specs: Sequence[TensorSpec], limit: int | None) -> list[list[TensorSpec]]:
-    """Greedy, order-keeping packing; always at least one (possibly empty) group. A tensor
-    over the limit lands alone: it starts a group, and the group is then over the limit."""
-    groups: list[list[TensorSpec]] = [[]]
-    size = 0
-    for spec in specs:
-        if limit is not None and groups[-1] and size + spec.nbytes > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(spec)
-        size += spec.nbytes
-    return groups
+    shards = tuple(made_shard(name, items, ranks, metadata, copied_from)
+                   for name, ranks in zip(names, groups, strict=True))
+    return OutputLayout(shards=shards, index_file=index_file, keyed=items if in_order else None)
 
 
 def copies_of(group: Sequence[TensorSpec],
@@ -305,13 +437,31 @@ def copies_of(group: Sequence[TensorSpec],
     return [copied_from(spec) for spec in group]
 
 
-def _source_order(group: Sequence[TensorSpec], copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None
-                  ) -> tuple[list[TensorSpec], list[tuple[str, int] | None]]:
-    """The tensors copied unchanged first, in source file and offset order, then the rest
-    in plan order; and where each is copied from."""
+def made_shard(name: str, items: Sequence[TensorSpec], ranks: range | array,  # type: ignore[type-arg]
+               metadata: Mapping[str, str] | None,
+               copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None, *,
+               copies_lead: bool = True) -> ShardLayout:
+    """One output file of the tensors ``ranks`` of ``items``, in that order but for the
+    unchanged copies among them, which lead in source file and offset order (unless not
+    ``copies_lead``); its header padded to line those up with their source files
+    (``_header_pad``)."""
+    group = list(items[ranks.start:ranks.stop]) if type(ranks) is range and ranks.step == 1 else \
+        [items[r] for r in ranks]
     copies = copies_of(group, copied_from)
-    order = sorted(range(len(group)), key=lambda i: (1, "", 0) if copies[i] is None else (0, *copies[i]))
-    return [group[i] for i in order], [copies[i] for i in order]
+    if copies_lead and any(c is not None for c in copies):
+        order = sorted(range(len(group)), key=lambda i: (1, "", 0) if copies[i] is None else (0, *copies[i]))
+        if order != list(range(len(group))):
+            group, copies = [group[i] for i in order], [copies[i] for i in order]
+            ranks = compact_ranks([ranks[i] for i in order])
+    # JSON keys follow data order (the safetensors library sorts by alignment instead;
+    # readers do not care, and data order keeps the file in the plan's order).
+    text, data_nbytes = _header_text(group, metadata)
+    pad = _header_pad(len(text), group, copies)
+    if len(text) + pad > _MAX_HEADER_BYTES:
+        raise PlanError(f"the header of {name!r} would be {len(text) + pad} bytes, more than "
+                        f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")
+    return ShardLayout(name, items, ranks, data_nbytes, 8 + len(text) + pad,
+                       MadeHeader(None if metadata is None else dict(metadata), pad))
 
 
 def _header_pad(text_len: int, group: list[TensorSpec], copies: list[tuple[str, int] | None]) -> int:
@@ -329,39 +479,23 @@ def _header_pad(text_len: int, group: list[TensorSpec], copies: list[tuple[str, 
     return max(votes, key=lambda pad: (votes[pad], -pad)) if votes else -(8 + text_len) % 8
 
 
-def _header_text(group: list[TensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _header_text(group: Sequence[TensorSpec], metadata: Mapping[str, str] | None) -> tuple[bytes, int]:
     """``json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()`` of the
     header of ``group`` (and the data bytes), made an entry at a time: the whole header as
     a dict of dicts and lists was ~400 bytes a tensor held at once, the peak of laying out
-    a shard of many small tensors."""
-    def dumps(value: Any) -> str:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-    parts = [] if metadata is None else [dumps("__metadata__") + ":" + dumps(dict(metadata))]
+    a shard of many small tensors. Strings go through json's own escaping function
+    (what ``json.dumps`` calls for a str), and a shape of ints is joined: a header is made
+    a few times a run now, and three ``json.dumps`` calls a tensor were most of its cost."""
+    parts = [] if metadata is None else [_dumps("__metadata__") + ":" + _dumps(dict(metadata))]
     start = 0
     for spec in group:
-        parts.append(f'{dumps(spec.key)}:{{"dtype":{dumps(spec.dtype)},"shape":{dumps(list(spec.shape))},'
-                     f'"data_offsets":[{start},{start + spec.nbytes}]}}')
-        start += spec.nbytes
+        shape, nbytes = spec.shape, spec.nbytes
+        dims = ",".join(map(str, shape)) if all(type(d) is int for d in shape) else _dumps(list(shape))[1:-1]
+        parts.append(f'{encode_basestring(spec.key)}:{{"dtype":{encode_basestring(spec.dtype)},"shape":[{dims}],'
+                     f'"data_offsets":[{start},{start + nbytes}]}}')
+        start += nbytes
     return ("{" + ",".join(parts) + "}").encode(), start
-
-
-def shard_layout(name: str, group: list[TensorSpec], copies: list[tuple[str, int] | None],
-                 metadata: Mapping[str, str] | None) -> ShardLayout:
-    """One output file of ``group``'s tensors, in that order, its header padded to line up
-    the unchanged copies among them (``copies``: where each is copied from, ``copies_of``)
-    with their source files."""
-    # JSON keys follow data order (the safetensors library sorts by alignment instead;
-    # readers do not care, and data order keeps the file in the plan's order).
-    text, start = _header_text(group, metadata)
-    text += b" " * _header_pad(len(text), group, copies)
-    if len(text) > _MAX_HEADER_BYTES:
-        raise PlanError(f"the header of {name!r} would be {len(text)} bytes, more than "
-                        f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")
-    blob = len(text).to_bytes(8, "little") + text
-    offsets, offset = array("Q"), len(blob)
-    for spec in group:
-        offsets.append(offset)
-        offset += spec.nbytes
-    return ShardLayout.of(file=name, header=blob, specs=group, offsets=offsets, data_nbytes=start)
-

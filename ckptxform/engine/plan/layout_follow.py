@@ -16,10 +16,10 @@ shards of at most 50 GB (transformers 5's default) in plan order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
 
 from ...sources.model_parallel import ModelParallelCheckpoint
-from .layout import TensorSpec
+from .layout import KeyScan, compact_ranks
 from .opened import OpenSources
 from .planner import Plan
 
@@ -29,11 +29,12 @@ SAVE_PRETRAINED_SHARD_SIZE = 50 * 10**9
 _HF_WEIGHT_FILES = (".safetensors", ".bin")
 
 
-def source_file_groups(plan: Plan, sources: OpenSources,
-                       specs: Sequence[TensorSpec]) -> list[list[TensorSpec]] | None:
-    """``specs`` (one per ``plan.outputs``, in order) grouped by the converted source's file
-    each is made from, in that source's file order (see the module's docstring); None when
-    the converted source is not Hugging Face weight files, and then the caller packs."""
+def source_file_groups(plan: Plan, sources: OpenSources) -> tuple[list[range | array], bool] | None:  # type: ignore[type-arg]
+    """The ranks of ``plan.outputs`` grouped by the converted source's file each is made
+    from, in that source's file order (see the module's docstring; a group is a range
+    when its ranks are one run, else ``array('I')``), and whether the outputs' keys came in
+    order (``KeyScan``); None when the converted source is not Hugging Face weight files,
+    and then the caller packs."""
     name = plan.rules.convert
     ckpt = sources.checkpoints.get(name) if name is not None else None
     if ckpt is None or isinstance(ckpt, ModelParallelCheckpoint) or not ckpt.files \
@@ -41,12 +42,14 @@ def source_file_groups(plan: Plan, sources: OpenSources,
         return None
     order = {file: n for n, file in enumerate(ckpt.files)}
     last = len(ckpt.files) - 1
-    groups: dict[int, list[TensorSpec]] = {}
-    for output, spec in zip(plan.outputs, specs, strict=True):
+    scan = KeyScan()
+    groups: dict[int, array] = {}  # type: ignore[type-arg]
+    for rank, output in enumerate(plan.outputs):
+        scan.see(output)
         home = last
         for ref in output.recipe.inputs:
             if ref.source == name and ref.shard is None:
                 home = order.get(ckpt.tensors[ref.key].file, last)
                 break
-        groups.setdefault(home, []).append(spec)
-    return [groups[n] for n in sorted(groups)] or [[]]
+        groups.setdefault(home, array("I")).append(rank)
+    return [compact_ranks(groups[n]) for n in sorted(groups)] or [range(0)], scan.finish(plan.outputs)

@@ -19,11 +19,21 @@ header (the source file's ``__metadata__``), its tensors still in source order.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 
 from ...errors import PlanError
 from ...sources.base import Checkpoint, TensorInfo
-from .layout import CopiedFrom, OutputLayout, ShardLayout, TensorSpec, copies_of, shard_layout
+from .layout import (
+    CopiedFrom,
+    KeyScan,
+    OutputLayout,
+    ShardLayout,
+    SourceHeader,
+    TensorSpec,
+    compact_ranks,
+    made_shard,
+)
 
 #: where the index of a sharded output goes (what transformers looks for)
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,7 +43,8 @@ def plan_layout_like(specs: Sequence[TensorSpec], *, source: str, ckpt: Checkpoi
                      copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None = None) -> OutputLayout:
     """Lay out ``specs`` in the files of ``ckpt`` (source ``source`` of the rule file): see
     the module's docstring. ``copied_from`` as for ``plan_layout`` (a new header lines its
-    unchanged copies up for cloning).
+    unchanged copies up for cloning). Each shard holds the ranks of its ``specs`` (4 bytes
+    a tensor), not the specs; the source's files are listed one at a time.
 
     >>> layout = plan_layout_like(specs, source="verifier", ckpt=verifier)   # doctest: +SKIP
     >>> layout.index_json()["weight_map"] == verifier_index["weight_map"]    # doctest: +SKIP
@@ -43,29 +54,37 @@ def plan_layout_like(specs: Sequence[TensorSpec], *, source: str, ckpt: Checkpoi
     if not files or not all(f.endswith(".safetensors") for f in files):
         raise PlanError(f"output.shards.like: source {source!r} ({ckpt.location}) is not a safetensors checkpoint; "
                         "lay the output out like a safetensors source, or use output.max_shard_size")
-    listed = {file: ckpt.tensors_of_file(file) for file in files}
-    home = {info.key: (n, pos) for n, file in enumerate(files) for pos, info in enumerate(listed[file])}
+    number = {file: n for n, file in enumerate(files)}
     last = len(files) - 1
-    groups: dict[int, list[tuple[tuple[int, int], TensorSpec]]] = {}
-    for order, spec in enumerate(specs):
-        n, pos = home.get(spec.key, (last, len(home) + order))  # a new key: the last file, after its own
-        groups.setdefault(n, []).append(((pos, order), spec))
-    shards = []
-    for n in sorted(groups):
-        group = [spec for _, spec in sorted(groups[n], key=lambda item: item[0])]
-        shards.append(_shard_like(files[n], group, listed[files[n]], ckpt, copied_from))
-    return OutputLayout(shards=tuple(shards), index_file=INDEX_FILE if len(files) > 1 else None)
+    scan = KeyScan()
+    groups: dict[int, array] = {}  # type: ignore[type-arg]
+    for rank, spec in enumerate(specs):
+        scan.see(spec)
+        info = ckpt.tensors.get(spec.key)
+        n = last if info is None else number.get(info.file, last)  # a new key: the last file
+        groups.setdefault(n, array("I")).append(rank)
+    in_order = scan.finish(specs)
+    shards = tuple(_shard_like(files[n], specs, groups[n], ckpt, copied_from) for n in sorted(groups))
+    return OutputLayout(shards=shards, index_file=INDEX_FILE if len(files) > 1 else None,
+                        keyed=specs if in_order else None)
 
 
-def _shard_like(file: str, group: list[TensorSpec], theirs: list[TensorInfo], ckpt: Checkpoint,
+def _shard_like(file: str, items: Sequence[TensorSpec], ranks: array, ckpt: Checkpoint,  # type: ignore[type-arg]
                 copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None) -> ShardLayout:
-    """``file`` of the output: the source file's header when ``group`` is its tensor list, else a new one."""
+    """``file`` of the output, of the tensors ``ranks`` of ``items`` in the source file's
+    order (a key it does not have after its own, in plan order): the source file's header
+    when they are its tensor list, else a new one."""
+    theirs = ckpt.tensors_of_file(file)
+    position = {info.key: i for i, info in enumerate(theirs)}
+    group = [items[rank] for rank in ranks]
+    order = sorted(range(len(group)), key=lambda i: position.get(group[i].key, len(theirs) + i))
+    group = [group[i] for i in order]
+    ordered = compact_ranks([ranks[i] for i in order])
     raw = ckpt.raw_header(file)
     if _same_list(group, theirs, len(raw)):
-        return ShardLayout.of(file=file, header=raw, specs=group, offsets=(info.offset for info in theirs),
-                              data_nbytes=sum(s.nbytes for s in group))
+        return ShardLayout(file, items, ordered, sum(s.nbytes for s in group), len(raw), SourceHeader(ckpt, file))
     metadata = json.loads(raw[8:]).get("__metadata__")  # parsed before, strictly: a dict of strings or absent
-    return shard_layout(file, group, copies_of(group, copied_from), metadata)
+    return made_shard(file, items, ordered, metadata, copied_from, copies_lead=False)
 
 
 def _same_list(group: list[TensorSpec], theirs: list[TensorInfo], data_start: int) -> bool:

@@ -21,7 +21,7 @@ from ..output.copied_files import copied_files_changed
 from ..output.digest import RunDigest, changes, other_origin, run_digest
 from ..output.jobdir import JobDir, job_identity
 from ..output.outdir import OutputDir, refuse_foreign, refuse_overlap
-from ..plan.layout import CopiedFrom, OutputLayout, check_spec, layout_in_groups, plan_layout
+from ..plan.layout import CopiedFrom, OutputLayout, layout_in_groups, plan_layout
 from ..plan.layout_follow import SAVE_PRETRAINED_SHARD_SIZE, source_file_groups
 from ..plan.layout_like import plan_layout_like
 from ..plan.opened import OpenSources
@@ -42,18 +42,18 @@ def layout_of(plan: Plan, sources: OpenSources) -> OutputLayout:
         from ..output.gguf.layout import plan_gguf_layout
 
         return plan_gguf_layout(plan, sources)
-    specs = plan.outputs  # laid out as they are: a spec a tensor copied their key, dtype and shape
-    for spec in specs:
-        check_spec(spec)
+    specs = plan.outputs  # laid out as they are, each shard their ranks: checked as the layout walks them
     output = plan.rules.output
     if output.shards_like is not None:
         return plan_layout_like(specs, source=output.shards_like, ckpt=sources.checkpoints[output.shards_like],
                                 copied_from=_copied_from(plan, sources))
     max_shard_size = output.max_shard_size  # None: one file (a rule that names it)
     if output.follows_source:
-        groups = source_file_groups(plan, sources, specs)
-        if groups is not None:
-            return layout_in_groups(groups, file_name=output.file_name, copied_from=_copied_from(plan, sources))
+        found = source_file_groups(plan, sources)
+        if found is not None:
+            groups, in_order = found
+            return layout_in_groups(specs, groups, in_order=in_order, file_name=output.file_name,
+                                    copied_from=_copied_from(plan, sources))
         max_shard_size = SAVE_PRETRAINED_SHARD_SIZE
     return plan_layout(specs, max_shard_size=max_shard_size, file_name=output.file_name,
                        copied_from=_copied_from(plan, sources))

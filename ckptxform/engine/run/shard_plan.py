@@ -1,11 +1,13 @@
 """A shard task's slice of the plan, and the sources a worker opens to execute it.
 
 The parent plans once and saves the ``RunPlan`` of its tasks in the job directory
-(``plan.json``, JSON through ``CODEC``, which admits only the classes listed: a tampered
-file cannot run code): for each shard the layout, the output plans of its tensors (their
-recipes: byte and block programs, ops named by verb) and every source tensor they read
-as the parent's header described it; for all, the vocabulary maps, the local files'
-pins and the Hub files' ETags. A worker opens the pinned sources itself
+(JSON through ``CODEC``, which admits only the classes listed: a tampered file cannot run
+code), one file a shard, made and written one shard at a time: the shard's layout with
+the output plans of its tensors (their recipes: byte and block programs, ops named by
+verb) and every source tensor they read as the parent's header described it; and one
+file for all, naming those: the vocabulary maps, the local files' pins and the Hub
+files' ETags. Tasks of the parent's own process take their shard's slice made from the
+plan when they ask for it (nothing is written). A worker opens the pinned sources itself
 (``open_pinned``: a local path, a Hub repo at the run's commit) and refuses, naming the
 file, a source that cannot be opened or that changed since the run planned: it never
 plans again, so it needs no rule file and imports no planner.
@@ -18,9 +20,9 @@ import json
 import os
 from collections import ChainMap
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from ...errors import OutputError, SourceChangedError
 from ...ops import OPS
@@ -32,7 +34,7 @@ from ...vocab.maps import VocabMap
 from ...where import Where
 from ..output.jobdir import JobDir
 from ..plan.codec import Codec
-from ..plan.layout import OutputTensorSpec, ShardLayout
+from ..plan.layout import MadeHeader, OutputTensorSpec, ShardLayout
 from ..plan.opened import OpenSources
 from ..plan.planner import Plan
 from ..plan.recipes import (
@@ -85,18 +87,24 @@ class PinnedSource:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """What one shard task executes: the shard's layout, its outputs and what they read."""
+    """What one shard task executes: the shard's layout, whose tensors are its outputs
+    (the plan's ``OutputPlan``s), and what they read."""
 
     shard: ShardLayout
-    outputs: tuple[OutputPlan, ...]
     #: (source, key) -> the tensor as the run's plan read its header
     reads: Mapping[tuple[str, str], TensorInfo]
+
+    @property
+    def outputs(self) -> tuple[OutputPlan, ...]:
+        """The shard's outputs in data order (made on each call)."""
+        return cast("tuple[OutputPlan, ...]", self.shard.specs)
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """The shard plans of a run's tasks (by file) and what they share: how to open the
-    sources, the vocabulary maps, the pins and ETags the run read."""
+    """The shard plans of a run's tasks (by file: each made, or read from the job
+    directory, when asked for, so that one shard's is held at a time) and what they
+    share: how to open the sources, the vocabulary maps, the pins and ETags the run read."""
 
     shards: Mapping[str, ShardPlan]
     sources: Mapping[str, PinnedSource]
@@ -111,28 +119,58 @@ class RunPlan:
 def slice_plan(plan: Plan, sources: Sources, shards: list[ShardLayout],
                etags: Mapping[str, Mapping[str, str]], *, for_workers: bool = True) -> RunPlan:
     """The part of ``plan`` that writes ``shards`` (``sources``: the checkpoints it was
-    planned from). Not ``for_workers``: only the shards and their outputs, for tasks that
-    read through ``sources`` themselves (what a worker opens and checks, ~150 bytes a
-    tensor read, is left out)."""
-    by_key: dict[str, OutputPlan] = {}  # made only for a layout of copies (GGUF's): ~50 bytes a tensor
-    works = {}
-    for shard in shards:
-        if all(type(spec) is OutputPlan for spec in shard.specs):  # the layout placed the plan's own
-            outputs = cast("tuple[OutputPlan, ...]", shard.specs)
-        else:
-            by_key = by_key or {o.key: o for o in plan.outputs}
-            outputs = tuple(by_key[spec.key] for spec in shard.specs)
-        reads: dict[tuple[str, str], TensorInfo] = {}
-        for out in outputs if for_workers else ():
-            refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
-            refs += [(source, key) for source, key, _ in out.recipe.prefetch_reads(sources)]
-            for source, key in refs:
-                reads[(source, key)] = sources.checkpoints[source].tensors[key]
-        works[shard.file] = ShardPlan(shard, outputs, reads)
-    names = sorted({source for work in works.values() for source, _ in work.reads})
+    planned from), each shard's made when asked for (``_SlicedShards``). Not
+    ``for_workers``: only the shards and their outputs, for tasks that read through
+    ``sources`` themselves (what a worker opens and checks, ~150 bytes a tensor read, is
+    left out); ``for_workers``, the sources they read are found by a walk of the shards'
+    outputs, one shard at a time."""
+    works = _SlicedShards(plan, sources, shards, for_workers)
+    names = sorted({source for shard in shards for out in works.outputs_of(shard)
+                    for source, _ in _refs(out, sources)}) if for_workers else []
     return RunPlan(shards=works, sources={n: PinnedSource.of(n, sources.checkpoints[n]) for n in names},
                    vocab_maps=plan.vocab_maps, pins={n: sources.checkpoints[n].pins() for n in names},
                    etags={n: etags[n] for n in names if n in etags})
+
+
+def _refs(out: OutputPlan, sources: Sources) -> list[tuple[str, str]]:
+    """(source, key) of every tensor ``out`` reads."""
+    refs = [(ref.source, ref.key) for ref in out.recipe.inputs]
+    return refs + [(source, key) for source, key, _ in out.recipe.prefetch_reads(sources)]
+
+
+class _SlicedShards(Mapping[str, ShardPlan]):
+    """File -> the ``ShardPlan`` of that shard of ``plan``, made when asked for: a shard laid
+    out over the plan's outputs takes them as they are; a layout of copies of their specs
+    (GGUF's) gets the outputs by key. For workers, a shard holds its own outputs and its
+    header bytes, and what they read."""
+
+    def __init__(self, plan: Plan, sources: Sources, shards: list[ShardLayout], for_workers: bool) -> None:
+        self._plan, self._sources, self._for_workers = plan, sources, for_workers
+        self._shards = {shard.file: shard for shard in shards}
+
+    def __getitem__(self, file: str) -> ShardPlan:
+        shard = self._shards[file]
+        outputs = self.outputs_of(shard)
+        if not self._for_workers:
+            return ShardPlan(shard if shard.items is self._plan.outputs else shard.standalone(outputs), {})
+        reads: dict[tuple[str, str], TensorInfo] = {}
+        for out in outputs:
+            for source, key in _refs(out, self._sources):
+                reads[(source, key)] = self._sources.checkpoints[source].tensors[key]
+        return ShardPlan(shard.standalone(outputs), reads)
+
+    def outputs_of(self, shard: ShardLayout) -> tuple[OutputPlan, ...]:
+        specs = shard.specs
+        if shard.items is self._plan.outputs or all(type(spec) is OutputPlan for spec in specs):
+            return cast("tuple[OutputPlan, ...]", specs)
+        by_key = {o.key: o for o in self._plan.outputs}  # a layout of copies (GGUF's: one shard)
+        return tuple(by_key[spec.key] for spec in specs)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shards)
+
+    def __len__(self) -> int:
+        return len(self._shards)
 
 
 def open_pinned(run: RunPlan, work: ShardPlan, opened: dict[str, Checkpoint]) -> OpenSources:
@@ -165,7 +203,7 @@ def _header(info: TensorInfo) -> str:
 
 
 #: what a run plan holds, and nothing else decodes from a job's plan file
-CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout,
+CODEC = Codec([RunPlan, ShardPlan, PinnedSource, TensorInfo, VocabMap, FilePin, ShardLayout, MadeHeader,
                OutputTensorSpec, OutputPlan, CopyTensor, ByteProgram, BlockProgram, RowsOrigin, RowAccount,
                VocabField, TensorRef, View, Run, Block, Where, Constant],
               ChainMap({FILL_ROWS.verb: FILL_ROWS}, OPS))  # fill_rows: made by permute_rows, not a verb of ops:
@@ -195,11 +233,17 @@ def _plan_name() -> str:
 
 def save_run_plan(job: JobDir, run: RunPlan) -> str:
     """Write ``run`` into ``job``'s directory, where its tasks read it (``load_run_plan``);
-    the file's name. One file per run: the ranks of ``--shard-of`` share the directory."""
+    the file's name. Each shard's plan is its own file, made, encoded (a tensor at a
+    time) and written one shard at a time, and the run's file names them: a worker reads
+    only its task's. One set of files per run: the ranks of ``--shard-of`` share the
+    directory."""
     name = _plan_name()
-    # what write_json(name, {"format": 1, "plan": CODEC.encode(run)}) writes, a tensor at a time
-    body = CODEC.iter_json(run, (RunPlan, ShardPlan, ShardLayout))
-    path = job.write_pieces(name, _pieces('{"format": 1, "plan": ', body, "}"))
+    files = {}
+    for number, (file, work) in enumerate(run.shards.items(), 1):
+        files[file] = shard_name = f"{name.removesuffix('.json')}-shard-{number:05d}.json"
+        body = CODEC.iter_json(work, (ShardPlan, ShardLayout))
+        job.write_pieces(shard_name, _pieces('{"format": 2, "shard": ', body, "}"))
+    path = job.write_json(name, {"format": 2, "plan": CODEC.encode(replace(run, shards={})), "shards": files})
     # this process's tasks take ``run`` as it is: decoding what was just encoded cost a
     # sixth of a many-tensor rename (other processes, Ray's and --shard-of's, decode)
     forget_run_plans()
@@ -220,7 +264,8 @@ def _file_key(path: Path) -> tuple[str, int, int, int, int]:
 
 
 def load_run_plan(job: JobDir, name: str) -> RunPlan:
-    """The run plan saved as ``name`` in ``job`` (decoded once per process and file)."""
+    """The run plan saved as ``name`` in ``job`` (decoded once per process and file), its
+    shards' plans read when asked for."""
     path = job.path / name
     if str(path) in _IN_MEMORY:
         return _IN_MEMORY[str(path)]
@@ -228,20 +273,60 @@ def load_run_plan(job: JobDir, name: str) -> RunPlan:
         key = _file_key(path)
         text = path.read_bytes() if key not in _LOADED else b""
     except OSError as err:
-        raise OutputError(f"cannot read the run's plan {str(path)!r}: {err.strerror or err} (the job directory "
-                          "must be on a filesystem every worker shares)", path=str(path)) from None
+        raise _unreadable(path, err) from None
     if key not in _LOADED:
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise OutputError(f"{path}: not valid JSON ({err}); remove it and rerun", path=str(path)) from None
-        run = CODEC.decode(data.get("plan") if isinstance(data, dict) and data.get("format") == 1 else data,
-                           str(path))
-        if not isinstance(run, RunPlan):
+        data = _read_json(path, text)
+        files = data.get("shards") if isinstance(data, dict) and data.get("format") == 2 else None
+        run = CODEC.decode(data.get("plan") if files is not None else data, str(path))
+        if not isinstance(run, RunPlan) or not isinstance(files, dict) \
+                or not all(isinstance(v, str) and "/" not in v for v in files.values()):
             raise OutputError(f"{path}: holds no run plan; remove it and rerun", path=str(path))
         _LOADED.clear()  # one run at a time per process
-        _LOADED[key] = run
+        _LOADED[key] = replace(run, shards=_SavedShards(job.path, files))
     return _LOADED[key]
+
+
+class _SavedShards(Mapping[str, ShardPlan]):
+    """File -> the ``ShardPlan`` saved for it in the job directory, read when asked for
+    (the last one kept: a task asks for its own more than once)."""
+
+    def __init__(self, directory: Path, files: dict[str, str]) -> None:
+        self._directory, self._files = directory, files
+        self._last: tuple[str, ShardPlan] | None = None
+
+    def __getitem__(self, file: str) -> ShardPlan:
+        if self._last is not None and self._last[0] == file:
+            return self._last[1]
+        path = self._directory / self._files[file]
+        try:
+            text = path.read_bytes()
+        except OSError as err:
+            raise _unreadable(path, err) from None
+        data = _read_json(path, text)
+        work = CODEC.decode(data.get("shard") if isinstance(data, dict) and data.get("format") == 2 else data,
+                            str(path))
+        if not isinstance(work, ShardPlan):
+            raise OutputError(f"{path}: holds no shard's plan; remove it and rerun", path=str(path))
+        self._last = (file, work)
+        return work
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def _read_json(path: Path, text: bytes) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise OutputError(f"{path}: not valid JSON ({err}); remove it and rerun", path=str(path)) from None
+
+
+def _unreadable(path: Path, err: OSError) -> OutputError:
+    return OutputError(f"cannot read the run's plan {str(path)!r}: {err.strerror or err} (the job directory "
+                       "must be on a filesystem every worker shares)", path=str(path))
 
 
 _LOADED: dict[tuple[str, int, int, int, int], RunPlan] = {}

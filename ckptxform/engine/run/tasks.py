@@ -4,8 +4,8 @@ The plan fixes every shard's header, so a task writes one whole file: ``write_sh
 runs the shard's outputs through whatever produces their bytes (engine/run/execute.py), then
 commits the file to the job directory with its record (engine/output/jobdir.py) and returns the
 record. A ``ShardTask`` is what a worker needs, small and picklable: the job directory
-and the shard; the run's plan for its tasks is saved in the job directory
-(engine/run/shard_plan.py: the outputs, what they read, the pins). A worker never plans: it opens the pinned sources (once per
+and the shard; the run's plan for its tasks is saved in the job directory, a file a
+shard (engine/run/shard_plan.py: the outputs, what they read, the pins). A worker never plans: it opens the pinned sources (once per
 process), refuses a source that changed and bytes of another object than the run read
 first, so the same tasks run in a process pool here and on other machines
 (engine/run/ray.py). A worker's task error reaches the run as one error naming its shard
@@ -72,11 +72,14 @@ def write_shard(task: ShardTask, sources: Sources, progress: Callable[[int], Non
     """Write ``task``'s shard, reading through ``sources``, into its job directory; flush,
     commit and return its record."""
     work, job = load_run_plan(task.job, task.plan).shards[task.file], task.job
-    shard = work.shard
+    outputs = work.outputs
+    # the shard's outputs made once, for the writer's placements and the streams alike,
+    # and its header once, for the file and its record
+    shard = work.shard.standalone(outputs, header=True)
     partial = job.begin_shard(shard)
     before = {name: len(ckpt.fetch_events()) for name, ckpt in sources.checkpoints.items()}
     with ShardWriter(job, OutputLayout(shards=(shard,), index_file=None), algorithm=job.identity["algorithm"]) as writer:
-        write_outputs(list(work.outputs), sources, writer, progress)
+        write_outputs(list(outputs), sources, writer, progress)
     digests, moved = writer.take_results()
     cloned = writer.bytes_cloned
     # how this shard's Hub bytes were fetched (a worker's sources serve many shards)
