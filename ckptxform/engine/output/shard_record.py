@@ -110,7 +110,9 @@ def tensor_lines(path: Path, chunk_bytes: int) -> Iterator[list[Any]]:
             at = file.tell()
         if not lines:
             return
-        yield from json.loads(b"[" + b",".join(lines) + b"]")
+        items = json.loads(b"[" + b",".join(lines) + b"]")
+        del lines  # the text is not held while its items are
+        yield from items
 
 
 def _head(line: bytes) -> dict[str, Any] | None:
