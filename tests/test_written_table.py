@@ -83,6 +83,10 @@ def test_a_record_reads_back_as_it_was_written(tmp_path: Path) -> None:
     with path.open("w") as out:
         record.write(out)
     assert read_record(path) == record
+    head, *lines = path.read_text().splitlines(keepends=True)
+    for broken in ('["a"]\n', '[]\n', '{}\n', '["a", 9, "00", 0, 0]\n', '["a", 0, "0", 0, 0]\n', "["):
+        path.write_text(head + broken + "".join(lines[1:]))
+        assert read_record(path) is None, broken
 
 
 def test_the_written_tensors_an_apply_returns_are_its_audit_s(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ fetch events, cloned bytes, how many tensors), then one ``[key, place, digest, c
 copied]`` a tensor, in key order (``place``: its index in the file's data order). In key
 order, a record is already a sorted run: the run's commit merges every shard's records
 into the key order of the audit and the index reading a few lines of each at a time
-(``tensor_lines``), where holding every shard's record until then was ~50 bytes a tensor,
-and sorting each one as it is read back was ~300 bytes a tensor of a shard. A rerun reads
-a whole record (``read_record``) to check and keep its shard.
+(``tensor_lines``). Holding every shard's record until then was ~50 bytes a tensor;
+reading back records in file order and sorting each one held ~300 bytes a tensor of a
+shard at once. A rerun reads a whole record (``read_record``) to check and keep its shard.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def read_record(path: Path) -> ShardRecord | None:
         if head is None or len(items) != head["tensors"]:
             return None
         return _record(head, items)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, LookupError):
         return None
 
 
