@@ -155,6 +155,20 @@ def test_index_text_is_the_index_json_of_json_dump_byte_for_byte() -> None:
     assert "".join(empty.index_text()) == json.dumps(empty.index_json(), indent=2)
 
 
+def test_the_index_written_a_key_at_a_time_is_json_dump_s_byte_for_byte(tmp_path: Path) -> None:
+    """The commit's index (engine/output/index_file.py): the keys handed over in order."""
+    from ckptxform.engine.output.index_file import IndexFile
+
+    keys = ["z.w", "b\"quote", "a.\u00e9t\u00e9", "m\\back", "a.0", "\u4e2d.w", "ctl\x01", "A.w", "y"]
+    layout = plan_layout([u8(key, 7 * (i % 3)) for i, key in enumerate(keys)], max_shard_size=10)
+    for tested in (layout, plan_layout([], max_shard_size=10)):
+        index = IndexFile(tmp_path / "index.json", tested.total_bytes)
+        for key, file in tested.index_json()["weight_map"].items():
+            index.add(key, file)
+        index.close()
+        assert (tmp_path / "index.json").read_text() == json.dumps(tested.index_json(), indent=2) + "\n"
+
+
 def test_layout_rejects_duplicate_and_reserved_keys_and_bad_limits() -> None:
     with pytest.raises(PlanError, match="output tensor 'a' is produced twice"):
         plan_layout([u8("a", 1), u8("a", 2)], max_shard_size=None)

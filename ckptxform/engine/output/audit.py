@@ -101,11 +101,17 @@ class AuditLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] = path.open("w", encoding="utf-8")
+        # binary, encoded here: the byte offset of each line is known (``event``'s answer)
+        self._file: IO[bytes] = path.open("wb")
+        self._at = 0
 
-    def event(self, obj: dict[str, Any]) -> None:
+    def event(self, obj: dict[str, Any]) -> int:
+        """Append ``obj`` as a line; the byte offset in the file where that line starts."""
         # redacted as text: whatever field a server's words reached, no token is written
-        self._file.write(redact(_LINE.encode(obj)) + "\n")
+        line = (redact(_LINE.encode(obj)) + "\n").encode("utf-8")
+        self._file.write(line)
+        at, self._at = self._at, self._at + len(line)
+        return at
 
     def close(self) -> None:
         self._file.close()

@@ -4,12 +4,12 @@
 version, the rules, each source's location, commit and weight fingerprint, the output
 layout, the digest algorithm). A shard is written under ``partial/``, flushed, renamed
 into the job directory, and only then given its record (``FILE.record.json``: size,
-header, per-tensor digests, how its Hub bytes were fetched), so a record always
-describes a whole shard. A rerun of the same command keeps every shard whose record and
+header, per-tensor digests in key order, how its Hub bytes were fetched:
+engine/output/shard_record.py), so a record always describes a whole shard. A rerun of the same command keeps every shard whose record and
 file still match, its bytes re-hashed against the record (a job directory edited after a
 kill is not trusted), and writes the rest, saying which it does not keep and why; a job of
 another plan is discarded with the reason.
-A record of an earlier format (without ``fetches``) is not kept: its shard is written
+A record of an earlier format (one JSON document; without ``fetches``) is not kept: its shard is written
 again, so that the audit of a resumed run never lacks a kept shard's fetch events. The
 final commit hard-links the shards into OUT's temporary sibling (engine/output/outdir.py); the
 job directory goes once OUT is in place. The temporary-sibling cleanup of outdir.py
@@ -23,11 +23,10 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ...errors import OutputError
 from ...fileio import hash_range
@@ -35,66 +34,13 @@ from ...tensor_digest import NO_DIGEST, new_hasher
 from ...log import logger
 from .digest import RunDigest, changes
 from .digest_table import TensorDigests
+from .shard_record import ShardRecord, read_record
 from ..plan.layout import OutputLayout, ShardLayout
 from ...errors import io_error
 
 JOB_FILE = "job.json"
 _PARTIAL = "partial"
 _RECORD_SUFFIX = ".record.json"
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    """One finished shard: what a rerun checks before keeping it, and the digests the audit records."""
-
-    file: str
-    size: int
-    header_sha256: str
-    algorithm: str
-    #: ``(key, hex digest)`` of every tensor, in file order (held binary)
-    digests: TensorDigests
-    #: the shard file's inode and modification time when it was committed
-    inode: int
-    mtime_ns: int
-    #: the audit's ``fetch`` events of the Hub bytes the task read (by whichever process ran it)
-    fetches: tuple[dict[str, Any], ...]
-    #: of its data bytes, those cloned from a source file (shared extents), not copied
-    cloned: int = 0
-    #: ``(cloned, copied)`` bytes of every tensor, in file order (the rest were written from
-    #: memory): how each reached the file, for the audit
-    moved: tuple[tuple[int, int], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        obj = self.to_json_lazily()
-        return {**obj, "digests": [list(d) for d in self.digests], "fetches": list(self.fetches),
-                "moved": [list(m) for m in self.moved]}
-
-    def to_json_lazily(self) -> dict[str, Any]:
-        """What ``json.dump`` writes as ``to_json()``, its per-tensor pairs left tuples: as
-        lists they were ~290 bytes a tensor of a shard held at once, the peak of committing a
-        shard of many small tensors."""
-        return {"file": self.file, "size": self.size, "header_sha256": self.header_sha256,
-                "algorithm": self.algorithm, "digests": tuple(self.digests),
-                "inode": self.inode, "mtime_ns": self.mtime_ns, "fetches": self.fetches,
-                "cloned": self.cloned, "moved": self.moved}
-
-    @classmethod
-    def from_json(cls, obj: Any) -> ShardRecord | None:
-        """The record ``obj`` describes, or None when it is not a well-formed record."""
-        try:
-            record = cls(obj["file"], obj["size"], obj["header_sha256"], obj["algorithm"],
-                         TensorDigests.from_pairs((key, digest) for key, digest in obj["digests"]), obj["inode"],
-                         obj["mtime_ns"],
-                         tuple(dict(event) for event in obj["fetches"]), obj["cloned"],
-                         tuple((cloned, copied) for cloned, copied in obj["moved"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if record.to_json() == obj else None
-
-    def matches(self, shard: ShardLayout, algorithm: str) -> bool:
-        return (self.file == shard.file and self.size == shard.file_nbytes and self.algorithm == algorithm
-                and self.header_sha256 == hashlib.sha256(shard.header).hexdigest()
-                and list(self.digests.keys) == [spec.key for spec in shard.specs])
 
 
 def job_identity(layout: OutputLayout, algorithm: str, run: RunDigest) -> dict[str, Any]:
@@ -150,8 +96,9 @@ class JobDir:
         return self.path / _PARTIAL / f"{os.uname().nodename}-{os.getpid()}"
 
     def open(self, layout: OutputLayout, *, resume: bool, discard_others: bool = True,
-             mine: list[str] | None = None, must_exist: bool = False) -> dict[str, ShardRecord]:
-        """The records of the finished shards kept, by file. Discards other plans' jobs of
+             mine: list[str] | None = None, must_exist: bool = False) -> set[str]:
+        """The files of the finished shards kept (their records stay on disk: ``record``
+        reads one back; held, every shard's were ~50 bytes a tensor until the commit). Discards other plans' jobs of
         OUT (saying why) when ``discard_others``, and this plan's without ``resume``.
         ``mine``: the only shards this process may rewrite (``--shard-of``: the other
         ranks write the rest at the same time); None: all, with OUT's lock held.
@@ -178,19 +125,23 @@ class JobDir:
             raise io_error("creating the job directory", self.path, err) from None
         algorithm = self.identity["algorithm"]
 
-        def finished(shard: ShardLayout) -> ShardRecord | None:
-            return self._finished(shard, algorithm, clean=mine is None or shard.file in mine)
+        def finished(shard: ShardLayout) -> bool:
+            return self._finished(shard, algorithm, clean=mine is None or shard.file in mine) is not None
 
-        kept: dict[str, ShardRecord] = {}
+        kept: set[str] = set()
         # Re-hashing a kept shard reads it once; the shards are read at once (hashing
         # releases the GIL), so a resume costs about the disk's read of the kept shards.
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, max(1, len(layout.shards))),
                                 thread_name_prefix="ckptxform-rehash") as pool:
-            for shard, record in zip(layout.shards, pool.map(finished, layout.shards)):
+            for shard, is_finished in zip(layout.shards, pool.map(finished, layout.shards)):
                 own = mine is None or shard.file in mine
-                if record is not None and (resume or not own):
-                    kept[shard.file] = record
+                if is_finished and (resume or not own):
+                    kept.add(shard.file)
         return kept
+
+    def record_path(self, shard: ShardLayout) -> Path:
+        """Where finished ``shard``'s record is (engine/output/shard_record.py)."""
+        return self.path / (shard.file + _RECORD_SUFFIX)
 
     @property
     def _pattern(self) -> re.Pattern[str]:
@@ -209,7 +160,7 @@ class JobDir:
             record = ShardRecord(shard.file, stat.st_size, hashlib.sha256(shard.header).hexdigest(),
                                  self.identity["algorithm"], digests, stat.st_ino, stat.st_mtime_ns, fetches,
                                  cloned, moved)
-            self._write_atomic(self.path / (shard.file + _RECORD_SUFFIX), record.to_json_lazily())
+            self._write_atomic_with(self.path / (shard.file + _RECORD_SUFFIX), record.write)
         except OSError as err:
             raise io_error("writing", self.out / shard.file, err) from None
         return record
@@ -250,8 +201,8 @@ class JobDir:
             logger.warning("could not remove the job directory {}: {}", self.path, err)
 
     def _finished(self, shard: ShardLayout, algorithm: str, *, clean: bool) -> ShardRecord | None:
-        record_path = self.path / (shard.file + _RECORD_SUFFIX)
-        record = ShardRecord.from_json(_read_json(record_path))
+        record_path = self.record_path(shard)
+        record = read_record(record_path)
         try:
             stat = (self.path / shard.file).stat()
         except OSError:
@@ -306,12 +257,18 @@ class JobDir:
         return path
 
     def _write_atomic(self, path: Path, obj: Any, indent: int | None = 1) -> None:
-        part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
-        with part.open("w", encoding="utf-8") as file:
-            # a piece at a time: json.dumps with an indent joins a list of every piece, ~700
-            # bytes a tensor of a shard's record held at once (the peak of a many-tensor run)
+        def write(file: IO[str]) -> None:
+            # a piece at a time: json.dumps with an indent joins a list of every piece
             json.dump(obj, file, indent=indent)
             file.write("\n")
+
+        self._write_atomic_with(path, write)
+
+    def _write_atomic_with(self, path: Path, write: Callable[[IO[str]], None]) -> None:
+        """Have ``write`` write ``path``'s text, then put it in place atomically."""
+        part = path.with_name(f"{path.name}.{os.uname().nodename}-{os.getpid()}.tmp")
+        with part.open("w", encoding="utf-8") as file:
+            write(file)
         if self.fsync:
             _fsync(part)
         os.replace(part, path)

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from bisect import bisect_left
-from operator import attrgetter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from ...errors import OutputError, SourceChangedError
 from ...log import logger
 from ...sources.hub.meter import reporting
 from ...sources.pins import check_unchanged
-from ...tensor_digest import NO_DIGEST
 from ..output.audit import AUDIT_FILE, AuditLog, run_event
 from ..output.copied_files import CopiedFile, copy_files
 from ..output.digest import RunDigest, file_digests
+from ..output.index_file import IndexFile
 from ..output.jobdir import JobDir, ShardRecord
 from ..output.outdir import OutputDir
 from ..plan.layout import OutputLayout
@@ -33,10 +32,11 @@ from ..plan.planner import Plan
 from .executors import EXECUTORS, default_jobs
 from .options import RunOptions
 from .progress import RunProgress
-from .result import ApplyResult, WrittenTensor
+from .result import MARK_EVERY, ApplyResult, WrittenInAudit
 from .shard_plan import forget_run_plans
 from .tasks import ShardTask, shard_tasks
-from .writer import write_index, write_json_file
+from .writer import write_json_file
+from .written_order import record_heads, written_in_order
 
 _T = TypeVar("_T")
 
@@ -52,8 +52,8 @@ def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, o
     with OutputDir(out, force=options.force, fsync=options.fsync) as odir:
         try:
             if options.finalize:
-                records = job.open(layout, resume=True, discard_others=False, must_exist=True)
-                missing = [s.file for s in layout.shards if s.file not in records]
+                kept = job.open(layout, resume=True, discard_others=False, must_exist=True)
+                missing = [s.file for s in layout.shards if s.file not in kept]
                 if missing:
                     raise OutputError(f"{len(missing)} of {len(layout.shards)} shard(s) are not finished in "
                                       f"{job.path}: {', '.join(map(repr, missing[:8]))}"
@@ -62,10 +62,10 @@ def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, o
                 tasks: list[ShardTask] = []
                 jobs: dict[str, Any] | None = None  # the ranks' runs chose theirs
             else:
-                records = job.open(layout, resume=options.resume)
-                tasks = _tasks(plan, sources, layout, job, records, range(len(layout.shards)), options)
-                jobs = _run(plan, sources, layout, tasks, records, options)
-            written, copied, final = _commit(plan, sources, digest, layout, odir, job, records, started, jobs,
+                kept = job.open(layout, resume=options.resume)
+                tasks = _tasks(plan, sources, layout, job, kept, range(len(layout.shards)), options)
+                jobs = _run(plan, sources, layout, tasks, options)
+            written, copied, final = _commit(plan, sources, digest, layout, odir, job, started, jobs,
                                              hash_inputs=options.hash_inputs)
         except BaseException as err:
             if not options.finalize:  # finalize never loses the ranks' shards
@@ -83,11 +83,11 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
     rank, world = options.shard_of
     mine = range(rank, len(layout.shards), world)
     # other ranks write into the same job directory at the same time: touch only our shards
-    records = job.open(layout, resume=options.resume, discard_others=False,
-                       mine=[layout.shards[i].file for i in mine])
-    tasks = _tasks(plan, sources, layout, job, records, mine, options)
+    kept = job.open(layout, resume=options.resume, discard_others=False,
+                    mine=[layout.shards[i].file for i in mine])
+    tasks = _tasks(plan, sources, layout, job, kept, mine, options)
     try:
-        _run(plan, sources, layout, tasks, records, options)
+        _run(plan, sources, layout, tasks, options)
     except BaseException:
         if job.finished_shards():
             logger.warning("{} finished shard(s) are kept in {}: rerun this rank to resume", job.finished_shards(),
@@ -98,13 +98,13 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
                        shards_kept=len(mine) - len(tasks), shard_of=options.shard_of, shards_of_rank=len(mine))
 
 
-def _tasks(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir, records: dict[str, ShardRecord],
+def _tasks(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir, kept: set[str],
            indices: range, options: RunOptions) -> list[ShardTask]:
-    kept = [layout.shards[i].file for i in indices if layout.shards[i].file in records]
-    if kept:
+    """The tasks of the shards of ``indices`` not ``kept`` (finished by an interrupted run)."""
+    todo = [i for i in indices if layout.shards[i].file not in kept]
+    if len(todo) < len(indices):
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
-                    job.path, len(kept), len(indices))
-    todo = [i for i in indices if layout.shards[i].file not in records]
+                    job.path, len(indices) - len(todo), len(indices))
     # tasks run by this process itself take the run plan from memory: no file to write
     in_process = options.executor == "local" and _workers(plan, options, len(todo))[0] == 1
     return shard_tasks(plan, sources, layout, job, todo, in_process=in_process)
@@ -117,17 +117,16 @@ def _workers(plan: Plan, options: RunOptions, tasks: int) -> tuple[int, str]:
 
 
 def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[ShardTask],
-         records: dict[str, ShardRecord], options: RunOptions) -> dict[str, Any]:
-    """Run ``tasks`` by the executor of ``options``, adding each record to ``records``; how
-    many processes ran them and why (the audit summary's ``jobs``). The run plan the tasks
-    read is freed when they are done."""
+         options: RunOptions) -> dict[str, Any]:
+    """Run ``tasks`` by the executor of ``options``; how many processes ran them and why
+    (the audit summary's ``jobs``). Each shard's record stays in the job directory, where
+    the commit reads it back. The run plan the tasks read is freed when they are done."""
     workers, why = _workers(plan, options, len(tasks))
     executor = EXECUTORS[options.executor](options, sources, workers)
     bar = RunProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
     by_file = {t.file: t.index for t in tasks}
 
     def done(record: ShardRecord) -> None:
-        records[record.file] = record
         bar.finish(by_file[record.file])
 
     try:
@@ -143,15 +142,16 @@ def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[Sha
 
 
 class _Audit:
-    """The run's audit log. A failed write (a full disk) is one OutputError like any other
-    write to OUT; closing after another failure must not replace that failure with its own."""
+    """The run's audit log, its writes ``_guarded``; closing after another failure must
+    not replace that failure with its own."""
 
     def __init__(self, odir: OutputDir) -> None:
         self._odir = odir
-        self._log = self._guard(lambda: AuditLog(odir.tmp_path / AUDIT_FILE))
+        self._log = _guarded(odir, AUDIT_FILE, lambda: AuditLog(odir.tmp_path / AUDIT_FILE))
 
-    def event(self, obj: dict[str, Any]) -> None:
-        self._guard(lambda: self._log.event(obj))
+    def event(self, obj: dict[str, Any]) -> int:
+        """Append ``obj``; the byte offset its line starts at."""
+        return _guarded(self._odir, AUDIT_FILE, lambda: self._log.event(obj))
 
     def close(self, *, failing: bool = False) -> None:
         try:
@@ -160,11 +160,14 @@ class _Audit:
             if not failing:
                 raise self._odir.write_error(AUDIT_FILE, err) from None
 
-    def _guard(self, action: Callable[[], _T]) -> _T:
-        try:
-            return action()
-        except OSError as err:
-            raise self._odir.write_error(AUDIT_FILE, err) from None
+
+def _guarded(odir: OutputDir, file: str, action: Callable[[], _T]) -> _T:
+    """``action()``, a write to ``file`` of OUT: a failure (a full disk) is one OutputError
+    like any other write to OUT."""
+    try:
+        return action()
+    except OSError as err:
+        raise odir.write_error(file, err) from None
 
 
 def _keep_or_remove(job: JobDir, err: BaseException) -> None:
@@ -180,13 +183,14 @@ def _keep_or_remove(job: JobDir, err: BaseException) -> None:
 
 
 def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputLayout, odir: OutputDir, job: JobDir,
-            records: dict[str, ShardRecord], started: Any,
-            jobs: dict[str, Any] | None, *, hash_inputs: bool) -> tuple[Sequence[WrittenTensor], tuple[CopiedFile, ...], Path]:
+            started: Any, jobs: dict[str, Any] | None, *,
+            hash_inputs: bool) -> tuple[WrittenInAudit, tuple[CopiedFile, ...], Path]:
     """The all-or-nothing end of a run: every shard, the index, the config, the copied
-    files and the audit (in a fixed order) into OUT's temporary sibling, then the rename."""
-    written = _WrittenTable(plan, layout, records, job.identity["algorithm"])
+    files and the audit (in a fixed order) into OUT's temporary sibling, then the rename.
+    The written tensors are merged in key order from the shards' records in the job
+    directory into the audit and the index as they come (engine/run/written_order.py)."""
+    fetches, cloned = record_heads(layout, job)
     job.link_into(odir.tmp_path, [s.file for s in layout.shards])
-    write_index(odir, layout)
     config_sha256 = None
     if plan.config is not None:
         config_path = write_json_file(odir, layout, plan.rules.output.config_file, plan.config)
@@ -200,20 +204,19 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
         audit.event(run)
         for tensor_record in plan.records:
             audit.event(tensor_record.to_event())
-        for event in _fetch_events(layout, records):
+        for event in fetches:
             audit.event(event)
         for name, ckpt in sorted(sources.checkpoints.items()):
             for note in ckpt.audit_notes():
                 audit.event({**note, "source": name})
-        for item in written:
-            audit.event(item.to_event())
+        count, marks = _write_written(plan, layout, job, audit, odir)
         for event in [skip.to_event() for skip in plan.files.skips] + [c.to_event() for c in copied]:
             audit.event(event)
         audit.event({"event": "summary", "status": "ok", "tensors": plan.counts(), "copied_files": len(copied),
-                     "written": len(written), "bytes_written": layout.total_bytes,
+                     "written": count, "bytes_written": layout.total_bytes,
                      "files": [s.file for s in layout.shards], "config_sha256": config_sha256,
                      # per shard, the data bytes cloned from a source (shared extents), not copied
-                     "cloned_bytes": {s.file: records[s.file].cloned for s in layout.shards},
+                     "cloned_bytes": cloned,
                      "jobs": jobs,  # how many processes wrote the shards, and why
                      "config_file": plan.rules.output.config_file,
                      "warnings": list(plan.warnings)})
@@ -223,68 +226,33 @@ def _commit(plan: Plan, sources: OpenSources, digest: RunDigest, layout: OutputL
         audit.close(failing=True)
         raise
     audit.close()
-    return written, copied, odir.commit()
+    final = odir.commit()
+    return WrittenInAudit(final / AUDIT_FILE, count, marks), copied, final
 
 
-_key_of = attrgetter("key")
-#: no record has this output's tensor (yet): no shard and place is 2**64 - 1
-_NOT_FOUND = (1 << 64) - 1
-
-
-class _WrittenTable(Sequence[WrittenTensor]):
-    """The written tensors, by key, each made when it is asked for: as a tuple of
-    ``WrittenTensor`` (with its ``from`` and ``moved`` dicts) they were ~450 bytes a tensor
-    held at once, the peak of a many-tensor run. Holds the outputs in key order and, in
-    the same order, where each one's digest and moved bytes are in the shard records
-    (record and place, 8 bytes a tensor; its digest's hex is made with its record)."""
-
-    def __init__(self, plan: Plan, layout: OutputLayout, records: dict[str, ShardRecord], algorithm: str) -> None:
-        self._layout, self._algorithm = layout, algorithm
-        self._outputs = sorted(plan.outputs, key=lambda o: o.key)
-        #: in the layout's order: record r is of shard r, its tensor j the shard's j
-        self._records = tuple(records[shard.file] for shard in layout.shards)
-        #: output i's is record ``found[i] >> 32``'s tensor ``found[i] & 0xFFFFFFFF``
-        self._found = array("Q", [_NOT_FOUND]) * len(self._outputs)
-        for r, record in enumerate(self._records):
-            if len(record.moved) != len(record.digests):
-                raise ValueError(f"the record of {record.file} has {len(record.moved)} moved pairs "
-                                 f"for {len(record.digests)} digests")
-            for j, key in enumerate(record.digests.keys):
-                # found by bisection in the sorted outputs: a table by key was ~80 bytes a tensor
-                i = bisect_left(self._outputs, key, key=_key_of)
-                if i == len(self._outputs) or self._outputs[i].key != key:
-                    raise ValueError(f"the record of {record.file} has tensor {key!r}, which the plan does not write")
-                self._found[i] = r << 32 | j
-        if _NOT_FOUND in self._found:  # else it would read another tensor's digest
-            missing = self._outputs[self._found.index(_NOT_FOUND)].key
-            raise ValueError(f"no shard record has tensor {missing!r}, which the plan writes")
-
-    def __len__(self) -> int:
-        return len(self._outputs)
-
-    @overload
-    def __getitem__(self, i: int) -> WrittenTensor: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> tuple[WrittenTensor, ...]: ...
-
-    def __getitem__(self, i: int | slice) -> WrittenTensor | tuple[WrittenTensor, ...]:
-        if isinstance(i, slice):
-            return tuple(self[j] for j in range(*i.indices(len(self))))
-        output = self._outputs[i]
-        r, j = self._found[i] >> 32, self._found[i] & 0xFFFFFFFF
-        record, shard = self._records[r], self._layout.shards[r]
-        offset = shard.offset(j)
-        span = (offset, offset + output.nbytes) if self._algorithm == NO_DIGEST else None
-        cloned, copied = record.moved[j]
-        digest = record.digests.raw(j).hex()
-        return WrittenTensor(output.key, shard.file, output.shape, output.dtype, digest, output.origin(),
-                             self._algorithm, span,
-                             {"cloned": cloned, "copied": copied, "written": output.nbytes - cloned - copied})
-
-
-def _fetch_events(layout: OutputLayout, records: dict[str, ShardRecord]) -> list[dict[str, Any]]:
-    """How the shards' Hub bytes were fetched, by whichever process wrote each shard (its
-    record), in an order no executor changes: by source, then shard."""
-    events = [event for shard in layout.shards for event in records[shard.file].fetches]
-    return sorted(events, key=lambda event: str(event["source"]))
+def _write_written(plan: Plan, layout: OutputLayout, job: JobDir, audit: _Audit,
+                   odir: OutputDir) -> tuple[int, array[int]]:
+    """The ``written`` records, in key order, into the audit and (when sharded) the
+    index, as they are merged; how many, and the audit offsets ``WrittenInAudit`` reads
+    them back from."""
+    marks: array[int] = array("Q")
+    count = 0
+    name = layout.index_file
+    if name is None:
+        index = None
+    else:
+        index = _guarded(odir, name, lambda: IndexFile(odir.tmp_path / name, layout.total_bytes))
+    try:
+        for item in written_in_order(plan, layout, job):
+            at = audit.event(item.to_event())
+            if count % MARK_EVERY == 0:
+                marks.append(at)
+            count += 1
+            if index is not None:
+                _guarded(odir, index.name, partial(index.add, item.key, item.file))
+        if index is not None:
+            _guarded(odir, index.name, index.close)
+    finally:
+        if index is not None:
+            index.discard()
+    return count, marks

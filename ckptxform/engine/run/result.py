@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, recorded_digest
 from ..output.copied_files import CopiedFile
@@ -50,13 +53,71 @@ class WrittenTensor:
                    recorded[0], tuple(event["bytes"]) if recorded[0] == NO_DIGEST else None, event.get("moved"))
 
 
+#: every this many ``written`` lines the audit's byte offset is kept: a record is found by
+#: reading at most this many lines (~100 us), for 8 bytes a mark (~0.03 bytes a tensor)
+MARK_EVERY = 256
+
+
+class WrittenInAudit(Sequence[WrittenTensor]):
+    """The ``written`` records of a run's audit log (``path``), in its order (key order),
+    read from the file when asked for: held, they were ~450 bytes a tensor (as
+    ``WrittenTensor`` objects), or the shard records' digests until the run returned.
+    ``marks[m]``: the byte offset of written record ``m * MARK_EVERY``. The log must stay
+    where the run left it (OUT's ``ckptxform_audit.jsonl``)."""
+
+    def __init__(self, path: Path, count: int, marks: array[int]) -> None:
+        if len(marks) != -(-count // MARK_EVERY):
+            raise ValueError(f"{len(marks)} marks for {count} written records")
+        self.path, self._count, self._marks = path, count, marks
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[WrittenTensor]:
+        return self._read(0, self._count)
+
+    @overload
+    def __getitem__(self, i: int) -> WrittenTensor: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[WrittenTensor, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> WrittenTensor | tuple[WrittenTensor, ...]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._count)
+            if step == 1:
+                return tuple(self._read(start, max(start, stop)))
+            return tuple(self[j] for j in range(start, stop, step))
+        if not -self._count <= i < self._count:
+            raise IndexError(i)
+        return next(self._read(i % self._count, i % self._count + 1))
+
+    def _read(self, start: int, stop: int) -> Iterator[WrittenTensor]:
+        """Written records ``start`` to ``stop`` (they are consecutive lines of the log)."""
+        if start >= stop:
+            return
+        with self.path.open("rb") as file:
+            file.seek(self._marks[start // MARK_EVERY])
+            lines = islice(file, start % MARK_EVERY, start % MARK_EVERY + stop - start)
+            read = 0
+            for line in lines:
+                event = json.loads(line)
+                if not isinstance(event, dict) or event.get("event") != "written":
+                    break
+                read += 1
+                yield WrittenTensor.from_event(event)
+            if read < stop - start:
+                raise ValueError(f"{str(self.path)!r} changed since the run wrote it: its written record "
+                                 f"{start + read} is not where the run left it")
+
+
 @dataclass(frozen=True)
 class ApplyResult:
     """What ``apply`` wrote."""
 
     out: Path
     plan: Plan
-    #: in key order (a sequence that makes each record when asked for, after a run)
+    #: in key order (after a run, ``WrittenInAudit``: read from the audit log when asked for)
     written: Sequence[WrittenTensor]
     audit_path: Path
     bytes_written: int
