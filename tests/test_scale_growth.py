@@ -337,9 +337,14 @@ def test_the_commit_holds_nothing_a_tensor(tmp_path: Path, monkeypatch) -> None:
     so that it cannot hide a cost a tensor. ~1 byte a tensor measured; ~72 before (the
     records' digests and moved pairs held from the run, 48; the written table, 16; the
     index's merge of every shard's sorted keys, 8)."""
+    from ckptxform.engine.plan import plan_store, record_table
     from ckptxform.engine.run import job, written_order
 
     monkeypatch.setattr(written_order, "_MERGE_BYTES", 0)
+    # and the plan's rows read a few at a time: a chunk of 4,096 outputs made at once
+    # (~1 MB) is a bounded cost, not one a tensor, but at 2,000 tensors it is not full
+    for module in (plan_store, record_table):
+        monkeypatch.setattr(module, "BATCH", 64)
     marks: dict[str, int] = {}
     real_run, real_commit = job._run, job._commit
 

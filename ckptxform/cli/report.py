@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..engine.run.execute import ApplyResult
@@ -175,28 +176,50 @@ def apply_text(result: ApplyResult, *, verbose: bool = False) -> str:
                         f"{result.shards_kept}, in {result.job_path}",
                         "once every rank is done: ckptxform finalize with the same rules, sources and "
                         f"--out {result.out}"])
-    files = sorted({w.file for w in result.written})
+    totals = _WrittenTotals.of(result)
     lines = [f"vocabulary {label}: {alignment.summary()}" for label, alignment in result.plan.alignments.items()]
     lines.extend(not_carried_text(result.plan, verbose=verbose))
     if result.copied:
         lines.append(f"copied {len(result.copied)} file{'s' if len(result.copied) != 1 else ''} "
                      f"({_human_bytes(sum(c.nbytes for c in result.copied))}): "
                      + ", ".join(printable(c.copy.target) for c in result.copied))
-    lines.extend(_summary(result, len(files)))
-    lines.extend(_how_moved(result))
+    lines.extend(_summary(result, totals.files))
+    lines.extend(_how_moved(totals))
     lines.append(f"audit: {result.audit_path}")
     return _screen(lines)
 
 
-def _how_moved(result: ApplyResult) -> list[str]:
+@dataclass(frozen=True)
+class _WrittenTotals:
+    """What the report says of the written tensors, counted in one pass over them: after
+    a run they are read back from the audit when asked for (~7 us a tensor a pass)."""
+
+    files: int
+    cloned: int
+    moved: int
+    undigested: bool
+
+    @classmethod
+    def of(cls, result: ApplyResult) -> _WrittenTotals:
+        files: set[str] = set()
+        cloned = moved = 0
+        undigested = False
+        for w in result.written:
+            files.add(w.file)
+            if w.moved:
+                cloned += w.moved["cloned"]
+                moved += sum(w.moved.values())
+            undigested = undigested or w.algorithm == NO_DIGEST
+        return cls(len(files), cloned, moved, undigested)
+
+
+def _how_moved(totals: _WrittenTotals) -> list[str]:
     """The bytes the filesystem cloned (when any), and a run without digests said plainly."""
     lines = []
-    cloned = sum(w.moved["cloned"] for w in result.written if w.moved)
-    if cloned:
-        total = sum(sum(w.moved.values()) for w in result.written if w.moved)
-        lines.append(f"cloned {_human_bytes(cloned)} of {_human_bytes(total)} from the sources (shared extents: "
-                     "no data moved, no space used until either side is changed)")
-    if any(w.algorithm == NO_DIGEST for w in result.written):
+    if totals.cloned:
+        lines.append(f"cloned {_human_bytes(totals.cloned)} of {_human_bytes(totals.moved)} from the sources "
+                     "(shared extents: no data moved, no space used until either side is changed)")
+    if totals.undigested:
         lines.append("no digests (--digest none): verify checks structure and sizes, not the bytes")
     return lines
 

@@ -185,8 +185,13 @@ class ShardLayout:
         ranks = self.ranks
         if type(ranks) is range and ranks.step == 1:
             return tuple(self.items[ranks.start:ranks.stop])
-        items = self.items
-        return tuple(items[r] for r in ranks)
+        return tuple(_picked(self.items, ranks))
+
+    @property
+    def light_specs(self) -> list[TensorSpec]:
+        """Each tensor's key, dtype and shape in data order, without its recipe (made on each
+        call, a batch of outputs read at a time): what its header and offsets need."""
+        return _light_specs(self.items, self.ranks, None)[0]
 
     @property
     def offsets(self) -> array:  # type: ignore[type-arg]
@@ -199,7 +204,7 @@ class ShardLayout:
             offsets.frombytes(self.fixed_offsets)
             return offsets
         offset = self.header_nbytes
-        for spec in self.specs if specs is None else specs:
+        for spec in self.light_specs if specs is None else specs:
             offsets.append(offset)
             offset += spec.nbytes
         return offsets
@@ -228,7 +233,7 @@ class ShardLayout:
             return made
         if isinstance(made, SourceHeader):
             return made.read()
-        text, _ = _header_text(self.specs, made.metadata)
+        text, _ = _header_text(self.light_specs, made.metadata)
         blob = (len(text) + made.pad).to_bytes(8, "little") + text + b" " * made.pad
         if len(blob) != self.header_nbytes:  # the layout's sizes were fixed from the same specs
             raise OutputError(f"internal error: the header of {self.file!r} is {len(blob)} bytes, laid out as "
@@ -445,9 +450,7 @@ def made_shard(name: str, items: Sequence[TensorSpec], ranks: range | array,  # 
     unchanged copies among them, which lead in source file and offset order (unless not
     ``copies_lead``); its header padded to line those up with their source files
     (``_header_pad``)."""
-    group = list(items[ranks.start:ranks.stop]) if type(ranks) is range and ranks.step == 1 else \
-        [items[r] for r in ranks]
-    copies = copies_of(group, copied_from)
+    group, copies = _light_specs(items, ranks, copied_from)
     if copies_lead and any(c is not None for c in copies):
         order = sorted(range(len(group)), key=lambda i: (1, "", 0) if copies[i] is None else (0, *copies[i]))
         if order != list(range(len(group))):
@@ -462,6 +465,34 @@ def made_shard(name: str, items: Sequence[TensorSpec], ranks: range | array,  # 
                         f"safetensors reads ({_MAX_HEADER_BYTES}); set a smaller max_shard_size")
     return ShardLayout(name, items, ranks, data_nbytes, 8 + len(text) + pad,
                        MadeHeader(None if metadata is None else dict(metadata), pad))
+
+
+#: outputs a shard's layout reads at a time
+_SPECS_AT_ONCE = 4096
+
+
+def _light_specs(items: Sequence[TensorSpec], ranks: range | array,  # type: ignore[type-arg]
+                 copied_from: Mapping[str, tuple[str, int]] | CopiedFrom | None,
+                 ) -> tuple[list[TensorSpec], list[tuple[str, int] | None]]:
+    """The key, dtype and shape of each of ``ranks`` (an ``OutputTensorSpec``) and where it
+    is copied unchanged from, read ``_SPECS_AT_ONCE`` at a time: a shard's outputs made at
+    once with their recipes were ~5 KB a tensor for a dequant's (350 MB for the one shard of
+    a Kimi-shaped INT4), where the layout needs ~130 bytes."""
+    specs: list[TensorSpec] = []
+    copies: list[tuple[str, int] | None] = []
+    contiguous = type(ranks) is range and ranks.step == 1
+    for start in range(0, len(ranks), _SPECS_AT_ONCE):
+        part = ranks[start:start + _SPECS_AT_ONCE]
+        made = items[part.start:part.stop] if contiguous else _picked(items, part)
+        copies.extend(copies_of(made, copied_from))
+        specs.extend(spec if type(spec) is OutputTensorSpec else OutputTensorSpec(spec.key, spec.dtype, spec.shape)
+                     for spec in made)
+    return specs, copies
+
+
+def _picked(items: Sequence[TensorSpec], ranks: Sequence[int]) -> Sequence[TensorSpec]:
+    picked = getattr(items, "picked", None)  # a plan's stored outputs: fetched in batches
+    return picked(ranks) if picked is not None else [items[r] for r in ranks]
 
 
 def _header_pad(text_len: int, group: list[TensorSpec], copies: list[tuple[str, int] | None]) -> int:

@@ -49,7 +49,7 @@ def source_file_groups(plan: Plan, sources: OpenSources) -> tuple[list[range | a
         home = last
         for ref in output.recipe.inputs:
             if ref.source == name and ref.shard is None:
-                home = order.get(ckpt.tensors[ref.key].file, last)
+                home = order.get(ckpt.file_of(ref.key), last)  # from the index: no header read
                 break
         groups.setdefault(home, array("I")).append(rank)
     return [compact_ranks(groups[n]) for n in sorted(groups)] or [range(0)], scan.finish(plan.outputs)

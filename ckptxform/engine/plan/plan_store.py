@@ -34,9 +34,6 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogatepass")
 
 
-#: an item as a row holds it, and back (row_codec.py)
-dump, load = encode, decode
-
 
 class PlanStore:
     """The database of one plan; ``close()`` (or its last reference dropped) frees it."""
@@ -54,6 +51,16 @@ class PlanStore:
             self.db.execute(f"PRAGMA {pragma}")
         self.db.execute("BEGIN")  # one transaction, never committed: the file is gone at close anyway
         self._close = weakref.finalize(self, self.db.close)
+        #: the items rows name rather than hold (row_codec.py: an op chain's outputs)
+        self.held: list[Any] = []
+
+    def dump(self, item: Any) -> bytes:
+        """``item`` as its row holds it (row_codec.py)."""
+        return encode(item, self.held)
+
+    def load(self, blob: bytes) -> Any:
+        """The item of a row."""
+        return decode(blob, self.held)
 
     def close(self) -> None:
         self._close()
@@ -83,6 +90,18 @@ class StoredRows:
         """Items ``start`` to ``stop - 1``."""
         return self._rows(f"SELECT {self.column} FROM {self.table} WHERE rowid > ? AND rowid <= ? ORDER BY rowid",
                           (start, stop))
+
+    def picked(self, indices: Sequence[int]) -> list[Any]:
+        """Items ``indices``, in that order: a query for ``BATCH`` of them at a time (a query
+        an item was ~25 us of a 70,000-output shard's specs; its rows come in rowid order)."""
+        out: list[Any] = []
+        for start in range(0, len(indices), BATCH):
+            part = indices[start:start + BATCH]
+            marks = ",".join("?" * len(part))
+            found = dict(self.store.db.execute(
+                f"SELECT rowid, {self.column} FROM {self.table} WHERE rowid IN ({marks})", [i + 1 for i in part]))
+            out.extend(found[i + 1] for i in part)
+        return out
 
     def chunks(self) -> Iterator[list[Any]]:
         last = 0
@@ -143,17 +162,27 @@ class PlanOutputs(Sequence[OutputPlan]):
             return rows[index]
         where = resolve(index, rows.count)
         if isinstance(where, int):
-            return load(rows.at(where))
+            return rows.store.load(rows.at(where))
         if where.step == 1:
-            return tuple(map(load, rows.span(where.start, where.stop)))
-        return tuple(load(rows.at(i)) for i in where)
+            return tuple(map(rows.store.load, rows.span(where.start, where.stop)))
+        return tuple(rows.store.load(rows.at(i)) for i in where)
+
+    def picked(self, ranks: Sequence[int]) -> tuple[OutputPlan, ...]:
+        """The outputs of ``ranks``, in that order (a shard's, when the layout follows a
+        source's files): fetched in batches, not a query each."""
+        rows = self._rows
+        if isinstance(rows, tuple):
+            return tuple(rows[r] for r in ranks)
+        if self._rows.store.closed:
+            raise ValueError("the plan is closed: its outputs and records are released")
+        return tuple(map(rows.store.load, rows.picked(ranks)))
 
     def __iter__(self) -> Iterator[OutputPlan]:
         if isinstance(self._rows, tuple):
             yield from self._rows
             return
         for chunk in self._rows.chunks():
-            yield from map(load, chunk)
+            yield from map(self._rows.store.load, chunk)
 
     def output(self, key: str) -> OutputPlan | None:
         rows = self._rows
@@ -162,7 +191,7 @@ class PlanOutputs(Sequence[OutputPlan]):
             i = bisect.bisect_left(rows, key, key=lambda o: o.key)
             return rows[i] if i < len(rows) and rows[i].key == key else None
         item = rows.lookup(f"SELECT item FROM {rows.table} WHERE key = ?", (key_bytes(key),))
-        return None if item is None else load(item)
+        return None if item is None else rows.store.load(item)
 
     def __contains__(self, value: object) -> bool:
         return isinstance(value, OutputPlan) and self.output(value.key) == value
@@ -215,7 +244,7 @@ class OutputTable(Mapping[str, OutputPlan]):
         if not pending:
             return
         before = self._count
-        rows = [(key_bytes(key), dump(out), out.nbytes, out.input_dtype, marshal.dumps(tuple(map(int, out.shape))))
+        rows = [(key_bytes(key), self.store.dump(out), out.nbytes, out.input_dtype, marshal.dumps(tuple(map(int, out.shape))))
                 for key, (out, _) in pending.items()]
         cursor = self.store.db.executemany(
             "INSERT OR IGNORE INTO outputs(key, item, nbytes, input_dtype, shape) VALUES (?, ?, ?, ?, ?)", rows)
@@ -243,7 +272,7 @@ class OutputTable(Mapping[str, OutputPlan]):
         if held is not None:
             return held[0]
         item = self._value("SELECT item FROM outputs WHERE key = ?", key)
-        return default if item is None else load(item)
+        return default if item is None else self.store.load(item)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and (key in self._pending or
@@ -284,15 +313,15 @@ class OutputTable(Mapping[str, OutputPlan]):
         names = sorted(input_dtypes)
         assert all(name.isalnum() or name.replace("_", "").isalnum() for name in names)
         cond = " AND input_dtype IN (" + ", ".join(f"'{name}'" for name in names) + ")"
-        return (load(item) for item, in self._scan("item", cond=cond))
+        return (self.store.load(item) for item, in self._scan("item", cond=cond))
 
     def values(self) -> Iterator[OutputPlan]:  # type: ignore[override]
         """The outputs, in key order, read a batch at a time."""
-        return (load(item) for item, in self._scan("item"))
+        return (self.store.load(item) for item, in self._scan("item"))
 
     def in_made_order(self) -> Iterator[OutputPlan]:
         """The outputs in the order they were added."""
-        return (load(item) for item, in self._scan("item", order="rowid"))
+        return (self.store.load(item) for item, in self._scan("item", order="rowid"))
 
     def so_far(self) -> Mapping[str, OutputPlan]:
         """The outputs added until now, not those added later (read-only, in key order)."""
@@ -357,7 +386,7 @@ class _OutputsUntil(Mapping[str, OutputPlan]):
         item = self._table._value(f"SELECT item FROM outputs WHERE key = ? AND rowid <= {self._count}", key)
         if item is None:
             raise KeyError(key)
-        return load(item)
+        return self._table.store.load(item)
 
     def __len__(self) -> int:
         return self._count
@@ -366,4 +395,4 @@ class _OutputsUntil(Mapping[str, OutputPlan]):
         return (key.decode("utf-8", "surrogatepass") for key, in self._table._scan("key", bound=self._count))
 
     def items(self) -> Iterator[tuple[str, OutputPlan]]:  # type: ignore[override]
-        return ((out.key, out) for out in (load(item) for item, in self._table._scan("item", bound=self._count)))
+        return ((out.key, out) for out in (self._table.store.load(item) for item, in self._table._scan("item", bound=self._count)))

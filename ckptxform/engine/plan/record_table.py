@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-from .plan_store import BATCH, PlanStore, StoredRows, dump, key_bytes, load, resolve
+from .plan_store import BATCH, PlanStore, StoredRows, key_bytes, resolve
 from .recipes import CopyTensor, OutputPlan, TargetReason, TensorRecord
 from ...sources.base import TensorInfo
 
@@ -104,7 +104,7 @@ class RecordTable:
             blob = self._stored(slot, "item")
             if blob is None:
                 return None
-            item = load(blob)  # type: ignore[arg-type]
+            item = self._store.load(blob)  # type: ignore[arg-type]
         return _made(item, self._matched_to)
 
     def has(self, source: str, key: str) -> bool:
@@ -150,7 +150,7 @@ class RecordTable:
         if not self._pending:
             return
         matched_to = self._matched_to
-        rows = [(src, key_bytes(key), _action(item, matched_to), type(item) is OutputPlan, dump(item))
+        rows = [(src, key_bytes(key), _action(item, matched_to), type(item) is OutputPlan, self._store.dump(item))
                 for (src, key), item in self._pending.items()]
         self._pending = {}
         self._store.db.executemany(
@@ -202,7 +202,7 @@ class Records(Sequence[TensorRecord]):
             yield from items
             return
         for chunk in items.chunks():
-            yield from map(load, chunk)
+            yield from map(items.store.load, chunk)
 
     @overload
     def __getitem__(self, index: int) -> TensorRecord: ...
@@ -218,9 +218,9 @@ class Records(Sequence[TensorRecord]):
             return _made(items[index], matched_to)
         where = resolve(index, items.count)
         if isinstance(where, int):
-            return _made(load(items.at(where)), matched_to)
+            return _made(items.store.load(items.at(where)), matched_to)
         blobs = items.span(where.start, where.stop) if where.step == 1 else [items.at(i) for i in where]
-        return tuple(_made(load(blob), matched_to) for blob in blobs)
+        return tuple(_made(items.store.load(blob), matched_to) for blob in blobs)
 
     def __iter__(self) -> Iterator[TensorRecord]:
         matched_to = self._matched_to
@@ -242,7 +242,7 @@ class Records(Sequence[TensorRecord]):
         if isinstance(items, tuple):
             return (item for item in items if type(item) is TensorRecord)  # type: ignore[misc]
         held = StoredRows(items.store, items.table, items.count, where="copied = 0")
-        return (load(blob) for chunk in held.chunks() for blob in chunk)
+        return (items.store.load(blob) for chunk in held.chunks() for blob in chunk)
 
     def close(self) -> None:
         if isinstance(self._items, StoredRows):

@@ -154,7 +154,8 @@ def _check_ties(plan: Plan, sources: OpenSources) -> None:
     for source, key, target, label in plan.ties:
         ckpt = sources.checkpoints[source]
         info = ckpt.tensors[key]
-        out = next(o for o in plan.outputs if o.key == target)
+        out = plan.output(target)
+        assert out is not None  # the planner checked the tie's target (output_checks.tie_problem)
         pos = 0
         for chunk in out.recipe.stream(sources):
             mine = ckpt.read(info, pos, len(chunk))

@@ -85,8 +85,8 @@ def default_jobs(plan: Plan, shards: int) -> tuple[int, str]:
     outputs decode values (casts, block ops: dequant, quantize, transpose) for at least
     CPU_BOUND_SHARE of its bytes gets the cores this process may use, bounded by the memory
     available (WORKER_MEMORY each) and by the shards there are (a cast took 0.84x)."""
-    total = sum(o.nbytes for o in plan.outputs)
-    decoded = sum(o.nbytes for o in plan.outputs if _decodes(o))
+    total = plan.total_bytes
+    decoded = sum(o.nbytes for o in plan.outputs if _decodes(o))  # one pass: each output is read anew
     if not decoded or decoded < CPU_BOUND_SHARE * total:
         return 1, (f"I/O-bound: {decoded / max(total, 1):.0%} of the output's bytes are decoded (casts, block ops), "
                    "the rest copied; one process")

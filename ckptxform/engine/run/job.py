@@ -63,8 +63,8 @@ def run_job(plan: Plan, sources: OpenSources, layout: OutputLayout, out: Path, o
                 jobs: dict[str, Any] | None = None  # the ranks' runs chose theirs
             else:
                 kept = job.open(layout, resume=options.resume)
-                tasks = _tasks(plan, sources, layout, job, kept, range(len(layout.shards)), options)
-                jobs = _run(plan, sources, layout, tasks, options)
+                tasks, workers = _tasks(plan, sources, layout, job, kept, range(len(layout.shards)), options)
+                jobs = _run(layout, tasks, workers, options, sources)
             written, copied, final = _commit(plan, sources, digest, layout, odir, job, started, jobs,
                                              hash_inputs=options.hash_inputs)
         except BaseException as err:
@@ -85,9 +85,9 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
     # other ranks write into the same job directory at the same time: touch only our shards
     kept = job.open(layout, resume=options.resume, discard_others=False,
                     mine=[layout.shards[i].file for i in mine])
-    tasks = _tasks(plan, sources, layout, job, kept, mine, options)
+    tasks, workers = _tasks(plan, sources, layout, job, kept, mine, options)
     try:
-        _run(plan, sources, layout, tasks, options)
+        _run(layout, tasks, workers, options, sources)
     except BaseException:
         if job.finished_shards():
             logger.warning("{} finished shard(s) are kept in {}: rerun this rank to resume", job.finished_shards(),
@@ -99,15 +99,17 @@ def _write_rank(plan: Plan, sources: OpenSources, layout: OutputLayout, job: Job
 
 
 def _tasks(plan: Plan, sources: OpenSources, layout: OutputLayout, job: JobDir, kept: set[str],
-           indices: range, options: RunOptions) -> list[ShardTask]:
-    """The tasks of the shards of ``indices`` not ``kept`` (finished by an interrupted run)."""
+           indices: range, options: RunOptions) -> tuple[list[ShardTask], tuple[int, str]]:
+    """The tasks of the shards of ``indices`` not ``kept`` (finished by an interrupted run),
+    and how many processes run them and why (decided once: it reads every output)."""
     todo = [i for i in indices if layout.shards[i].file not in kept]
     if len(todo) < len(indices):
         logger.info("resuming from {}: kept {} of {} shard(s) an interrupted run had finished",
                     job.path, len(indices) - len(todo), len(indices))
     # tasks run by this process itself take the run plan from memory: no file to write
-    in_process = options.executor == "local" and _workers(plan, options, len(todo))[0] == 1
-    return shard_tasks(plan, sources, layout, job, todo, in_process=in_process)
+    workers = _workers(plan, options, len(todo))
+    in_process = options.executor == "local" and workers[0] == 1
+    return shard_tasks(plan, sources, layout, job, todo, in_process=in_process), workers
 
 
 def _workers(plan: Plan, options: RunOptions, tasks: int) -> tuple[int, str]:
@@ -116,12 +118,13 @@ def _workers(plan: Plan, options: RunOptions, tasks: int) -> tuple[int, str]:
     return min(workers, max(1, tasks)), why
 
 
-def _run(plan: Plan, sources: OpenSources, layout: OutputLayout, tasks: list[ShardTask],
-         options: RunOptions) -> dict[str, Any]:
-    """Run ``tasks`` by the executor of ``options``; how many processes ran them and why
-    (the audit summary's ``jobs``). Each shard's record stays in the job directory, where
-    the commit reads it back. The run plan the tasks read is freed when they are done."""
-    workers, why = _workers(plan, options, len(tasks))
+def _run(layout: OutputLayout, tasks: list[ShardTask], workers_why: tuple[int, str], options: RunOptions,
+         sources: OpenSources) -> dict[str, Any]:
+    """Run ``tasks`` by the executor of ``options`` in ``workers_why[0]`` processes; how many
+    ran them and why (the audit summary's ``jobs``). Each shard's record stays in the job
+    directory, where the commit reads it back. The run plan the tasks read is freed when
+    they are done."""
+    workers, why = workers_why
     executor = EXECUTORS[options.executor](options, sources, workers)
     bar = RunProgress({t.index: layout.shards[t.index].data_nbytes for t in tasks}, bool(options.progress))
     by_file = {t.file: t.index for t in tasks}

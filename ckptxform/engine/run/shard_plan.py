@@ -163,8 +163,9 @@ class _SlicedShards(Mapping[str, ShardPlan]):
         specs = shard.specs
         if shard.items is self._plan.outputs or all(type(spec) is OutputPlan for spec in specs):
             return cast("tuple[OutputPlan, ...]", specs)
-        by_key = {o.key: o for o in self._plan.outputs}  # a layout of copies (GGUF's: one shard)
-        return tuple(by_key[spec.key] for spec in specs)
+        found = tuple(self._plan.output(spec.key) for spec in specs)  # a layout of copies (GGUF's: one shard)
+        assert all(found), "a layout names an output the plan does not have"
+        return cast("tuple[OutputPlan, ...]", found)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._shards)
