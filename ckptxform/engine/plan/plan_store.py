@@ -5,8 +5,9 @@ copied whole into, record_table.py).
 
 Held in RAM they were most of a run's peak: ~400 bytes a tensor for a 200,000-tensor
 rename's plan, key strings included. In the database (journal off, no sync, an 8 MB page
-cache) a million rows fill at ~9 us a row, pickling included (a marshalled tuple is faster, row_codec.py), a scan is ~5 us a row, and
-the process stays at ~39 MB whatever the count. Writes are batched (executemany), reads
+cache) a million pickled rows filled at ~9 us a row and a scan took ~5 us a row (a row is
+now a marshalled tuple, or names an object the store holds: row_codec.py), and the
+process stays at ~39 MB whatever the count. Writes are batched (executemany), reads
 fetched in chunks: a round trip a tensor is ~2-3 us.
 
 Keys are stored as their UTF-8 bytes (lone surrogates kept): bytes compare as code points
@@ -32,7 +33,6 @@ BATCH = 4096
 
 def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogatepass")
-
 
 
 class PlanStore:
@@ -94,6 +94,8 @@ class StoredRows:
     def picked(self, indices: Sequence[int]) -> list[Any]:
         """Items ``indices``, in that order: a query for ``BATCH`` of them at a time (a query
         an item was ~25 us of a 70,000-output shard's specs; its rows come in rowid order)."""
+        if self.store.closed:
+            raise ValueError("the plan is closed: its outputs and records are released")
         out: list[Any] = []
         for start in range(0, len(indices), BATCH):
             part = indices[start:start + BATCH]
@@ -173,8 +175,6 @@ class PlanOutputs(Sequence[OutputPlan]):
         rows = self._rows
         if isinstance(rows, tuple):
             return tuple(rows[r] for r in ranks)
-        if self._rows.store.closed:
-            raise ValueError("the plan is closed: its outputs and records are released")
         return tuple(map(rows.store.load, rows.picked(ranks)))
 
     def __iter__(self) -> Iterator[OutputPlan]:
