@@ -159,6 +159,11 @@ class OutputError(CkptxformError, OSError):
     """The output cannot be written (exists, locked, disk full...)."""
 
 
+class TempSpaceError(CkptxformError, OSError):
+    """The temporary directory (``TMPDIR``) cannot hold a plan's working data: it is full
+    or failed; ``path`` names it."""
+
+
 class VerifyError(CkptxformError, ValueError):
     """A written output does not match its audit log."""
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +85,34 @@ def test_a_plans_store_leaves_no_file_behind(tmp_path: Path, monkeypatch: pytest
     _source(tmp_path / "src", ["w.0", "w.1"])
     plan = api.plan(_rules(tmp_path, "  - match: 'w\\.(\\d+)'\n    rename: 'out.\\1'\n"))
     assert os.listdir(tmp_path / "tmp") == [] and len(plan.outputs) == 2  # unlinked once open
+
+
+def test_a_full_temp_directory_is_one_clean_error_naming_it(tmp_path: Path) -> None:
+    """TMPDIR on a 256 KiB tmpfs (a private mount namespace): the plan's database of
+    20,000 tensors outgrows it. Before, sqlite's own "file is not a database" came out as
+    an internal error that named neither the directory nor the fix."""
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare to mount a small tmpfs")
+    count = 20_000  # ~630 bytes a tensor: past sqlite's 8 MB page cache and the 256 KiB
+    _source(tmp_path / "src", [f"w.{i}" for i in range(count)])
+    rules = _rules(tmp_path, "  - match: 'w\\.(\\d+)'\n    rename: 'out.\\1'\n")
+    small = tmp_path / "small"
+    small.mkdir()
+    shell = 'mount -t tmpfs -o size=256k tmpfs "$0" || exit 99; "$@"'
+    env = {k: v for k, v in os.environ.items() if k != "CKPTXFORM_DEBUG"}
+    env["TMPDIR"] = str(small)
+    # sqlite's own words vary with where it fails ("database or disk is full", "file is not a database")
+    expected = re.compile(re.escape(f"error: the temp directory '{small}' is full (sqlite: ") + r"[^)]+" + re.escape(
+        "); a plan keeps ~630 bytes a tensor there: free space in it, or set TMPDIR to a directory with room"))
+    for command in (["plan", str(rules)], ["apply", str(rules), "--out", str(tmp_path / "out"), "--no-fsync"]):
+        proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell, str(small),
+                               sys.executable, "-m", "ckptxform", *command],
+                              capture_output=True, text=True, timeout=300, env=env, check=False)
+        if proc.returncode == 99 or "unshare:" in proc.stderr:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        [line] = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert expected.fullmatch(line), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rules.yaml", "small", "src"]  # no OUT, nothing left
+    with api.plan(rules) as plan:  # the same plan, with room: the store is not the problem
+        assert len(plan.outputs) == count

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, overload
 
 from .recipes import OutputPlan
 from .row_codec import decode, encode
+from ...errors import TempSpaceError
 
 #: rows a write batches, and a read fetches at a time
 BATCH = 4096
@@ -35,22 +36,76 @@ def key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogatepass")
 
 
+class Database:
+    """The store's sqlite connection, whose every failure is one ``TempSpaceError`` naming
+    the temp directory and the fix. A full directory fails a write with "database or disk
+    is full" or, the file left torn with no journal to roll back, a later read with "file
+    is not a database": sqlite's words alone do not say which directory or what to do.
+    ``execute`` returns the rows, fetched inside the guard (a read fails while stepping)."""
+
+    def __init__(self, connection: sqlite3.Connection, directory: str) -> None:
+        self._connection, self.directory = connection, directory
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._connection.execute(sql, args).fetchall()
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
+
+    def first(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        """The first row ``sql`` selects, or None."""
+        rows = self.execute(sql, args)
+        return rows[0] if rows else None
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> int:
+        """Run ``sql`` once a row; how many rows it changed."""
+        try:
+            return self._connection.executemany(sql, rows).rowcount
+        except sqlite3.Error as err:
+            raise self._failed(err) from None
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def _failed(self, err: sqlite3.Error) -> TempSpaceError:
+        try:  # the database still holds its space: a directory that filled up shows ~0 free
+            stat = os.statvfs(self.directory)
+            full = stat.f_bavail * stat.f_frsize < _FULL
+        except OSError:
+            full = False
+        where = (f"the temp directory {self.directory!r} is full" if full
+                 else f"the plan's working database in the temp directory {self.directory!r} failed")
+        return TempSpaceError(f"{where} (sqlite: {err}); a plan keeps ~630 bytes a tensor there: free space in "
+                              "it, or set TMPDIR to a directory with room", path=self.directory)
+
+
+#: free bytes under which a failing temp directory is called full
+_FULL = 1 << 20
+
+
 class PlanStore:
     """The database of one plan; ``close()`` (or its last reference dropped) frees it."""
 
     def __init__(self) -> None:
-        fd, path = tempfile.mkstemp(prefix="ckptxform-plan-", suffix=".sqlite")
+        directory = tempfile.gettempdir()
+        try:
+            fd, path = tempfile.mkstemp(prefix="ckptxform-plan-", suffix=".sqlite", dir=directory)
+        except OSError as err:
+            raise TempSpaceError(f"cannot create the plan's working database in the temp directory "
+                                 f"{directory!r}: {err.strerror or err}; set TMPDIR to a writable directory "
+                                 "with room", path=directory) from None
         os.close(fd)
         try:
             # not checked for its thread: a progress or writer thread may read the plan;
             # sqlite serializes calls on one connection
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         finally:
             os.unlink(path)
+        self.db = Database(connection, directory)
+        self._close = weakref.finalize(self, connection.close)
         for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-8192"):
             self.db.execute(f"PRAGMA {pragma}")
         self.db.execute("BEGIN")  # one transaction, never committed: the file is gone at close anyway
-        self._close = weakref.finalize(self, self.db.close)
         #: the items rows name rather than hold (row_codec.py: an op chain's outputs)
         self.held: list[Any] = []
 
@@ -81,7 +136,7 @@ class StoredRows:
     def _rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         if self.store.closed:
             raise ValueError("the plan is closed: its outputs and records are released")
-        return [row[0] for row in self.store.db.execute(sql, args).fetchall()]
+        return [row[0] for row in self.store.db.execute(sql, args)]
 
     def at(self, index: int) -> Any:
         return self._rows(f"SELECT {self.column} FROM {self.table} WHERE rowid = ?", (index + 1,))[0]
@@ -111,7 +166,7 @@ class StoredRows:
         while True:
             if self.store.closed:
                 raise ValueError("the plan is closed: its outputs and records are released")
-            rows = self.store.db.execute(sql, (last, BATCH)).fetchall()
+            rows = self.store.db.execute(sql, (last, BATCH))
             if not rows:
                 return
             last = rows[-1][0]
@@ -246,10 +301,10 @@ class OutputTable(Mapping[str, OutputPlan]):
         before = self._count
         rows = [(key_bytes(key), self.store.dump(out), out.nbytes, out.input_dtype, marshal.dumps(tuple(map(int, out.shape))))
                 for key, (out, _) in pending.items()]
-        cursor = self.store.db.executemany(
+        added = self.store.db.executemany(
             "INSERT OR IGNORE INTO outputs(key, item, nbytes, input_dtype, shape) VALUES (?, ?, ?, ?, ?)", rows)
-        self._count += cursor.rowcount
-        if cursor.rowcount != len(rows):
+        self._count += added
+        if added != len(rows):
             for key, (out, producer) in pending.items():  # the first of the batch already written before it
                 rowid = self._value("SELECT rowid FROM outputs WHERE key = ?", key)
                 if rowid is not None and rowid <= before:
@@ -258,7 +313,7 @@ class OutputTable(Mapping[str, OutputPlan]):
         self._pending = {}
 
     def _value(self, sql: str, key: str) -> Any:
-        row = self.store.db.execute(sql, (key_bytes(key),)).fetchone()
+        row = self.store.db.first(sql, (key_bytes(key),))
         return None if row is None else row[0]
 
     def __getitem__(self, key: str) -> OutputPlan:
@@ -290,10 +345,10 @@ class OutputTable(Mapping[str, OutputPlan]):
         sql = f"SELECT {order}, {columns} FROM outputs WHERE {order} > ?{cond} ORDER BY {order} LIMIT {BATCH}"
         if order == "key":
             # the empty key sorts first, and '> ?' would leave it out
-            rows = self.store.db.execute(f"SELECT key, {columns} FROM outputs WHERE key = ?{cond}", (b"",)).fetchall()
+            rows = self.store.db.execute(f"SELECT key, {columns} FROM outputs WHERE key = ?{cond}", (b"",))
             yield from (row[1:] for row in rows)
         while True:
-            rows = self.store.db.execute(sql, (last,)).fetchall()
+            rows = self.store.db.execute(sql, (last,))
             if not rows:
                 return
             last = rows[-1][0]
@@ -337,7 +392,7 @@ class OutputTable(Mapping[str, OutputPlan]):
         db.execute("INSERT INTO ranked(rowid, key, nbytes, item) "
                    "SELECT row_number() OVER (ORDER BY key), key, nbytes, item FROM outputs ORDER BY key")
         db.execute("DROP TABLE outputs")
-        total = db.execute("SELECT coalesce(sum(nbytes), 0) FROM ranked").fetchone()[0]
+        total = db.first("SELECT coalesce(sum(nbytes), 0) FROM ranked")[0]
         return PlanOutputs(StoredRows(self.store, "ranked", self._count), total)
 
 

@@ -93,8 +93,8 @@ class RecordTable:
         return number, key
 
     def _stored(self, slot: tuple[int, str], column: str) -> object:
-        row = self._store.db.execute(f"SELECT {column} FROM records WHERE src = ? AND key = ?",
-                                     (slot[0], key_bytes(slot[1]))).fetchone()
+        row = self._store.db.first(f"SELECT {column} FROM records WHERE src = ? AND key = ?",
+                                   (slot[0], key_bytes(slot[1])))
         return None if row is None else row[0]
 
     def get(self, source: str, key: str) -> TensorRecord | None:
@@ -158,7 +158,7 @@ class RecordTable:
             "DO UPDATE SET action = excluded.action, copied = excluded.copied, item = excluded.item", rows)
         # an upsert that updates takes no rowid, and none is deleted: rows are numbered 1..n
         # in first-made order (the last is the count, one lookup; count(*) is a scan)
-        self._count = self._store.db.execute("SELECT coalesce(max(rowid), 0) FROM records").fetchone()[0]
+        self._count = self._store.db.first("SELECT coalesce(max(rowid), 0) FROM records")[0]
 
     def _rows(self) -> StoredRows:
         self.flush()
