@@ -12,6 +12,7 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from ckptxform.tensor_digest import DIGESTS
 from ckptxform.dtypes import from_torch_dtype
 from ckptxform.engine.plan.layout import OutputLayout, OutputTensorSpec, plan_layout
 from ckptxform.engine.output.outdir import OutputDir
-from ckptxform.engine.run.writer import ShardWriter
+from ckptxform.engine.run.writer import ShardWriter, write_index
 from ckptxform.errors import CkptxformError, OutputError, PlanError, UsageError
 
 MiB = 1 << 20
@@ -143,16 +144,18 @@ def test_layout_sharded_names_derive_from_the_file_name_stem() -> None:
     assert layout.index_file == "drafter.safetensors.index.json"
 
 
-def test_index_text_is_the_index_json_of_json_dump_byte_for_byte() -> None:
+def test_the_index_of_a_layout_is_the_index_json_of_json_dump_byte_for_byte(tmp_path: Path) -> None:
     # keys out of order across shards and within one, escapes and non-ASCII, a zero-size one
     keys = ["z.w", "b\"quote", "a.\u00e9t\u00e9", "m\\back", "a.0", "\u4e2d.w", "ctl\x01", "A.w", "y"]
     layout = plan_layout([u8(key, 7 * (i % 3)) for i, key in enumerate(keys)], max_shard_size=10)
-    assert len(layout.shards) > 2
-    expected = json.dumps(layout.index_json(), indent=2)
-    assert "".join(layout.index_text()) == expected
+    assert len(layout.shards) > 2 and layout.index_file is not None
+    expected = json.dumps(layout.index_json(), indent=2) + "\n"
     assert json.loads(expected)["weight_map"] == {p.spec.key: s.file for s in layout.shards for p in s.tensors}
-    empty = plan_layout([], max_shard_size=10)
-    assert "".join(empty.index_text()) == json.dumps(empty.index_json(), indent=2)
+    assert [key for key, _ in layout.keys_with_files()] == sorted(keys)
+    out = tmp_path / "out"
+    out.mkdir()
+    write_index(SimpleNamespace(tmp_path=out, out=out), layout)  # what ShardWriter.close writes
+    assert (out / layout.index_file).read_text(encoding="utf-8") == expected
 
 
 def test_the_index_written_a_key_at_a_time_is_json_dump_s_byte_for_byte(tmp_path: Path) -> None:

@@ -282,20 +282,9 @@ class OutputLayout:
 
     def index_json(self) -> dict[str, Any]:
         """The standard ``model.safetensors.index.json`` content (also valid when unsharded)."""
-        return {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(self._keys_with_files())}
+        return {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(self.keys_with_files())}
 
-    def index_text(self) -> Iterator[str]:
-        """``json.dumps(self.index_json(), indent=2)``, a piece at a time, the keys in order
-        (``_keys_with_files``), not a dict of every key (its ~50 bytes a tensor were the
-        peak of a 1,000,000-tensor run's commit)."""
-        yield f'{{\n  "metadata": {{\n    "total_size": {self.total_bytes}\n  }},\n  "weight_map": {{'
-        separator = "\n    "
-        for key, file in self._keys_with_files():
-            yield f"{separator}{json.dumps(key)}: {json.dumps(file)}"
-            separator = ",\n    "
-        yield "}\n}" if separator == "\n    " else "\n  }\n}"
-
-    def _keys_with_files(self) -> Iterator[tuple[str, str]]:
+    def keys_with_files(self) -> Iterator[tuple[str, str]]:
         """Every key in order, with its file: the ``keyed`` items walked once with the shard
         of each rank (2 bytes a tensor), else each shard's sorted keys merged."""
         if self.keyed is None or any(shard.items is not self.keyed for shard in self.shards):

@@ -11,7 +11,7 @@ any output exists. The only tensor bytes read are the small d2t/t2d.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -56,7 +56,7 @@ class Plan:
 
     rules: RuleSet
     #: in key order, each made when read (plan_store.py); ``output(key)`` finds one
-    outputs: Sequence[OutputPlan]
+    outputs: PlanOutputs
     #: in the order first made, each made when read (record_table.py)
     records: Records
     alignments: dict[str, Alignment]
@@ -84,15 +84,11 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        if isinstance(self.outputs, PlanOutputs):
-            return self.outputs.total_bytes
-        return sum(o.nbytes for o in self.outputs)
+        return self.outputs.total_bytes
 
     def output(self, key: str) -> OutputPlan | None:
         """The output written as ``key``, or None."""
-        if isinstance(self.outputs, PlanOutputs):
-            return self.outputs.output(key)
-        return next((o for o in self.outputs if o.key == key), None)
+        return self.outputs.output(key)
 
     def counts(self) -> dict[str, int]:
         """How many source tensors took each action."""

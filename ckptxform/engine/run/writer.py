@@ -44,6 +44,7 @@ from ckptxform.errors import (
 from ...fileio import hash_range
 from ...tensor_digest import DEFAULT_DIGEST, NO_DIGEST, Hasher, check_digest, new_hasher, update_size
 from ..output.digest_table import TensorDigests
+from ..output.index_file import IndexFile
 from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
 from .kernel_copy import KernelCopier, truncated
 from .write_behind import WriteBehind
@@ -188,12 +189,17 @@ def write_index(out: WriteTarget, layout: OutputLayout) -> None:
     """Write the shard index of ``layout`` when it has several shards."""
     if layout.index_file is None:
         return
-    # streamed: json.dumps with an indent joins a list of every piece of the text, ~50 MB
-    # of small strings at 200,000 tensors, the peak of such a run (and its RSS after)
+    # a key at a time: json.dumps with an indent joins a list of every piece of the text,
+    # ~50 MB of small strings at 200,000 tensors, the peak of such a run (and its RSS after)
     try:
-        with (out.tmp_path / layout.index_file).open("w", encoding="utf-8") as file:
-            file.writelines(layout.index_text())
-            file.write("\n")
+        index = IndexFile(out.tmp_path / layout.index_file, layout.total_bytes)
+        try:
+            for key, file in layout.keys_with_files():
+                index.add(key, file)
+        except BaseException:
+            index.discard()
+            raise
+        index.close()
     except OSError as err:
         raise _write_error(out, layout.index_file, err) from None
 
