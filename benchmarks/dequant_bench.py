@@ -20,7 +20,9 @@ Contenders, each in its own process, alternating, from a warm page cache:
 - a naive script: ``load_file`` each shard, dequantize whole tensors with torch,
   ``save_file`` (what DeepSeek's ``fp8_cast_bf16.py`` does, on CPU);
 - ``ckptxform apply`` of ``rules/fp8_block_to_bf16.yaml`` / ``rules/compressed_int4_to_bf16.yaml``,
-  with and without ``--no-fsync``.
+  with and without ``--no-fsync``;
+- FP8 only, ``floor probe``: fp8_floor_probe.py, the same reads, kernel, hashes and writes
+  with no plan, audit or checks (what the rest of ckptxform costs).
 Throughput is GB/s of output (bf16 bytes written) per wall second; peak RSS from GNU time.
 Last, ``ckptxform apply`` runs on two FP8 sources whose largest tensor differs 4x
 (264 MB and 1 GB of bf16), and on two NVFP4 ones alike: its peak RSS must not follow.
@@ -251,6 +253,8 @@ def run(fmt: str, size: int, reps: int, work: Path,
         "ckptxform apply --no-fsync": lambda out: [*apply, str(out), "--no-fsync"],
         "ckptxform apply": lambda out: [*apply, str(out)],
     }
+    if fmt == "fp8":  # the same work with nothing else: the floor of the design (fp8_floor_probe.py)
+        contenders["floor probe"] = lambda out: [PY, str(HERE / "fp8_floor_probe.py"), str(src), str(out)]
     if only is not None:
         unknown = sorted(set(only) - set(contenders))
         if unknown:
