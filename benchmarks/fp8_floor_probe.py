@@ -4,7 +4,7 @@
 
 What ``ckptxform apply rules/fp8_block_to_bf16.yaml`` does to a DeepSeek-style FP8 checkpoint
 (SRC: safetensors shards, an index, ``X.weight`` e4m3 with its float32 ``X.weight_scale_inv``
-of 128x128 blocks), with nothing else: one thread reads a block of rows (``pread``) and
+of ``weight_block_size`` blocks), with nothing else: one thread reads a block of rows (``pread``) and
 decodes it with ckptxform's own kernel (quant/tables.py), a second hashes it (BLAKE3, a MiB
 at a time) and ``pwrite``s it into OUT's shard, at most two blocks behind; other tensors are
 copied by ``copy_file_range``. No rule, plan, audit, index, config, checks or commit, so its
@@ -41,6 +41,7 @@ def header(fd: int) -> tuple[dict[str, dict], int]:
 
 def main(src: Path, dst: Path) -> None:
     weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    bh, bw = json.loads((src / "config.json").read_text())["quantization_config"]["weight_block_size"]
     files = sorted(set(weight_map.values()))
     fds = {f: os.open(src / f, os.O_RDONLY) for f in files}
     headers = {f: header(fds[f]) for f in files}
@@ -82,17 +83,17 @@ def main(src: Path, dst: Path) -> None:
                 os.copy_file_range(fds[f], fd, last - first, base + first, at)
                 continue
             rows, cols = t["shape"]
-            layout = Fp8Block(cols=cols, block_rows=128, block_cols=128)
+            layout = Fp8Block(cols=cols, block_rows=bh, block_cols=bw)
             scale_file = weight_map[k + "_scale_inv"]
             scale_tensors, scale_base = headers[scale_file]
             scale_at = scale_base + scale_tensors[k + "_scale_inv"]["data_offsets"][0]
             hasher = blake3()
-            step = 128 * max(1, CHUNK // (128 * cols * 2))
+            step = bh * max(1, CHUNK // (bh * cols * 2))
             for row in range(0, rows, step):
                 n = min(step, rows - row)
                 weight = os.pread(fds[f], n * cols, base + first + row * cols)
                 scale = os.pread(fds[scale_file], layout.scale_rows(n) * layout.scale_cols * 4,
-                                 scale_at + row // 128 * layout.scale_cols * 4)
+                                 scale_at + row // bh * layout.scale_cols * 4)
                 jobs.put((fd, at + row * cols * 2, tables.fp8_block(weight, scale, layout, n, "BF16"), hasher))
             digests[k] = hasher  # read once the writer is done
     jobs.put(None)

@@ -34,3 +34,25 @@ def test_benchmark_smoke_run(tmp_path: Path) -> None:
     # verifier (plus headers and vocab maps); a tensor copied whole is read twice (the
     # kernel copy, then its hash), both counted in rchar
     assert tb["needed_bytes"] <= tb["apply_read_bytes"] < 2 * tb["needed_bytes"] + 10 * 2**20
+
+
+def test_the_fp8_floor_probe_does_the_applys_work(tmp_path: Path) -> None:
+    """benchmarks/fp8_floor_probe.py is the FP8 dequant's floor only if it makes the same
+    bytes: each dequantized tensor's BLAKE3 equals the apply's audit (odd widths, partial
+    edge blocks, a scale in another shard than its weight)."""
+    from ckptxform import api
+    from ckptxform.standins import build_kimi_k2
+
+    src = build_kimi_k2(tmp_path / "src", num_shards=3).path
+    api.apply(BENCH.parent.parent / "rules" / "fp8_block_to_bf16.yaml", out=tmp_path / "out",
+              sources={"model": str(src)}, progress=False)
+    run = subprocess.run([sys.executable, str(BENCH.parent / "fp8_floor_probe.py"), str(src), str(tmp_path / "probe")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    probe = json.loads((tmp_path / "probe" / "digests.json").read_text())
+    audit = [json.loads(line) for line in (tmp_path / "out" / "ckptxform_audit.jsonl").read_text().splitlines()]
+    written = {e["key"]: e["blake3"] for e in audit if e["event"] == "written"}
+    dequantized = {e["key"] for e in audit if e["event"] == "written" and "dequant_fp8_block over T to bfloat16"
+                   in e["from"].get("ops", [])}
+    assert dequantized and set(probe) == dequantized
+    assert probe == {key: written[key] for key in dequantized}
