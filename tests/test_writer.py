@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +27,7 @@ from ckptxform.dtypes import from_torch_dtype
 from ckptxform.engine.plan.layout import OutputLayout, OutputTensorSpec, plan_layout
 from ckptxform.engine.output.outdir import OutputDir
 from ckptxform.engine.run.writer import ShardWriter, write_index
+from ckptxform.quant.pipeline import then_in_order
 from ckptxform.errors import CkptxformError, OutputError, PlanError, UsageError
 
 MiB = 1 << 20
@@ -423,151 +424,65 @@ def test_copy_runs_places_scattered_runs_in_order(algorithm: str, tmp_path: Path
         assert tensor_bytes(f.get_tensor("after")) == b"xyz"
 
 
-# --- fresh chunks, hashed and written on the write thread ----------------------------------
+# --- a tensor's blocks written in order from several threads (quant/pipeline.py then_in_order) ---
 
-def _fresh_chunks(data: bytes, size: int) -> Iterator[np.ndarray]:
-    """``data`` in new arrays of ``size`` bytes, each made as it is asked for."""
+def _block_tasks(data: bytes, size: int) -> Iterator[Callable[[], np.ndarray]]:
+    """``data`` as tasks each making a new array of ``size`` bytes (a decoded block)."""
     for at in range(0, len(data), size):
-        yield np.frombuffer(data[at:at + size], dtype=np.uint8).copy()
+        yield lambda at=at: np.frombuffer(data[at:at + size], dtype=np.uint8).copy()
 
 
 @pytest.mark.parametrize("algorithm", DIGESTS)
-def test_fresh_chunks_land_in_order_beside_other_writes_with_the_one_call_digest(algorithm: str,
-                                                                                  tmp_path: Path) -> None:
-    fresh, mixed, plain = os.urandom(5 * MiB + 7), os.urandom(3 * MiB), os.urandom(2 * MiB + 1)
-    layout = plan_layout([u8("fresh", len(fresh)), u8("mixed", len(mixed)), u8("plain", len(plain))],
-                         max_shard_size=None)
+def test_blocks_written_in_turn_by_the_threads_that_made_them_land_in_order(algorithm: str,
+                                                                            tmp_path: Path) -> None:
+    """Each block is hashed from memory and written by its own thread, after the one before
+    it: the file and the digest are the bytes in order, beside a tensor the caller writes
+    meanwhile (the last block short, under the from-memory size; empty tensors too)."""
+    big, other = os.urandom(5 * MiB + 7), os.urandom(2 * MiB + 1)
+    layout = plan_layout([u8("big", len(big)), u8("other", len(other)),
+                          OutputTensorSpec("none", "F16", (0, 5))], max_shard_size=None)
     with OutputDir(tmp_path / "out") as od:
         with ShardWriter(od, layout, algorithm=algorithm) as shards:
-            for chunk in _fresh_chunks(fresh, MiB + 3):  # the last one short, under the from-memory size
-                shards.write("fresh", chunk, fresh=True)
-            shards.write("plain", plain)  # another tensor meanwhile, on the caller's thread
-            shards.finish_tensor("plain")
-            shards.finish_tensor("fresh")
-            # a tensor written both ways keeps its byte order in the file and in its hash
-            shards.write("mixed", next(_fresh_chunks(mixed, MiB)), fresh=True)
-            shards.write("mixed", mixed[MiB:2 * MiB])
-            shards.write("mixed", next(_fresh_chunks(mixed[2 * MiB:], MiB)), fresh=True)
-            shards.finish_tensor("mixed")
+            writing = threading.Thread(target=then_in_order,
+                                       args=(_block_tasks(big, MiB + 3), lambda b: shards.write("big", b)))
+            writing.start()
+            shards.write("other", other)  # on the caller's thread meanwhile
+            shards.finish_tensor("other")
+            writing.join()
+            shards.finish_tensor("big")
+            then_in_order(_block_tasks(b"", MiB), lambda b: shards.write("none", b))
+            shards.finish_tensor("none")
         od.commit()
-    assert [shards.digest(k) for k in ("fresh", "mixed", "plain")] == [
-        reference_digest(algorithm, data) for data in (fresh, mixed, plain)]
-    assert shards.bytes_written == len(fresh) + len(mixed) + len(plain)
+    assert [shards.digest(k) for k in ("big", "other", "none")] == [
+        reference_digest(algorithm, data) for data in (big, other, b"")]
     loaded = load_file(tmp_path / "out" / "model.safetensors")
-    assert [loaded[k].numpy().tobytes() for k in ("fresh", "mixed", "plain")] == [fresh, mixed, plain]
+    assert [loaded[k].numpy().tobytes() for k in ("big", "other")] == [big, other]
+    assert loaded["none"].shape == (0, 5)
 
 
-def test_fresh_chunks_held_by_the_writer_are_at_most_fresh_behind(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Memory stays bounded: a caller faster than the write thread waits for room."""
-    import weakref
-
-    import ckptxform.engine.run.writer as writer
-
-    alive: set[int] = set()
-    put = ShardWriter._put
-
-    def slow_put(self: ShardWriter, *args: object) -> None:
-        threading.Event().wait(0.005)  # a slow disk: the caller gets ahead if it is let
-        put(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ShardWriter, "_put", slow_put)
-    data = os.urandom(16 * (64 << 10))
-    layout = plan_layout([u8("w", len(data))], max_shard_size=None)
-    most = 0
-    with OutputDir(tmp_path / "out") as od:
-        with ShardWriter(od, layout) as shards:
-            for i, chunk in enumerate(_fresh_chunks(data, 64 << 10)):
-                alive.add(i)
-                weakref.finalize(chunk, alive.discard, i)
-                shards.write("w", chunk, fresh=True)
-                del chunk
-                most = max(most, len(alive))
-            shards.finish_tensor("w")
-        od.commit()
-    assert most <= writer._FRESH_BEHIND
-    assert shards.digest("w") == reference_digest("blake3", data)
-    assert not alive
-
-
-@pytest.mark.parametrize("then", ["write", "finish_tensor", "close"])
-def test_an_error_on_the_write_thread_is_raised_by_the_caller_as_it_would_be_inline(
-        then: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_error_in_a_blocks_turn_is_the_one_error_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pwrite_all = ShardWriter._pwrite_all
 
     def full_disk(fd: int, view: memoryview, offset: int) -> None:
-        if offset == 0:  # the header fits
+        if offset < 4 * MiB:  # the header and the first blocks fit
             return pwrite_all(fd, view, offset)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(ShardWriter, "_pwrite_all", staticmethod(full_disk))
-    layout = plan_layout([u8("w", 2 * MiB)], max_shard_size=None)
-    messages = []
-    for fresh in (False, True):
-        out = tmp_path / f"out-{fresh}"
-        with pytest.raises(OutputError) as err:
-            with OutputDir(out) as od:
-                with ShardWriter(od, layout) as shards:
-                    shards.write("w", np.zeros(MiB, dtype=np.uint8), fresh=fresh)
-                    if then == "write":
-                        shards.write("w", np.zeros(MiB, dtype=np.uint8), fresh=fresh)
-                        shards.write("w", b"", fresh=fresh)  # a write after the chunks' error
-                    elif then == "finish_tensor":
-                        shards.write("w", np.zeros(MiB, dtype=np.uint8), fresh=fresh)
-                        shards.finish_tensor("w")
-                od.commit()
-        messages.append(str(err.value))
-        assert not out.exists() and siblings(out) == []
-    assert messages[0] == (f"writing '{tmp_path}/out-False/model.safetensors' failed: No space left on device; "
-                           "free space or choose another --out")
-    assert messages[1] == messages[0].replace("out-False", "out-True")
-
-
-def test_empty_fresh_chunks_write_nothing(tmp_path: Path) -> None:
-    data = os.urandom(MiB)
-    layout = plan_layout([OutputTensorSpec("none", "F16", (0, 5)), u8("w", len(data))], max_shard_size=None)
-    with OutputDir(tmp_path / "out") as od:
-        with ShardWriter(od, layout) as shards:
-            shards.write("none", np.zeros(0, dtype=np.float16), fresh=True)
-            shards.finish_tensor("none")
-            for chunk in (b"", data, memoryview(b"")):
-                shards.write("w", chunk, fresh=True)
-            shards.finish_tensor("w")
-        od.commit()
-    assert shards.digest("none") == reference_digest("blake3", b"")
-    assert shards.digest("w") == reference_digest("blake3", data)
-    loaded = load_file(tmp_path / "out" / "model.safetensors")
-    assert loaded["none"].shape == (0, 5) and loaded["w"].numpy().tobytes() == data
-
-
-@pytest.mark.parametrize("asked", ["digest", "close"])
-def test_digest_and_close_wait_for_the_fresh_chunks_still_to_write(asked: str, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    gate = threading.Event()
-    put = ShardWriter._put
-
-    def held_put(self: ShardWriter, *args: object) -> None:
-        gate.wait()  # until the caller has asked
-        put(self, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(ShardWriter, "_put", held_put)
-    data = os.urandom(2 * MiB)
+    data = os.urandom(16 * MiB)
     layout = plan_layout([u8("w", len(data))], max_shard_size=None)
-    with OutputDir(tmp_path / "out") as od:
-        with ShardWriter(od, layout) as shards:
-            for chunk in _fresh_chunks(data, MiB):
-                shards.write("w", chunk, fresh=True)
-            shards.finish_tensor("w")  # handed to the write thread after the chunks
-            opener = threading.Timer(0.05, gate.set)
-            opener.start()
-            if asked == "digest":
-                assert shards.digest("w") == reference_digest("blake3", data)
-            else:
-                shards.close()
-            opener.join()
-        od.commit()
-    assert shards.digest("w") == reference_digest("blake3", data)
-    assert load_file(tmp_path / "out" / "model.safetensors")["w"].numpy().tobytes() == data
+    out = tmp_path / "out"
+    written: list[int] = []
+    with pytest.raises(OutputError) as err:
+        with OutputDir(out) as od:
+            with ShardWriter(od, layout) as shards:
+                then_in_order(_block_tasks(data, MiB), lambda b: (shards.write("w", b), written.append(len(b))))
+                shards.finish_tensor("w")
+            od.commit()
+    assert str(err.value) == (f"writing '{out}/model.safetensors' failed: No space left on device; "
+                              "free space or choose another --out")
+    assert len(written) <= 4 and not out.exists() and siblings(out) == []
 
 
 def test_write_json_puts_config_next_to_the_weights_and_refuses_weight_names(tmp_path: Path) -> None:

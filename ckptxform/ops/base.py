@@ -377,9 +377,9 @@ class BlockOp(OpDef):
     #: ``blocks`` makes any range of dim-0 indices, so a later op may read the output by
     #: rows; a chain reading one that cannot is refused at plan time
     row_sliced: ClassVar[bool] = True
-    #: every piece ``blocks`` yields is a buffer made for it that nothing touches afterwards
-    #: (a decoded block): the shard writer may hash and write it on its write thread while
-    #: the next is decoded (``ShardWriter.write(..., fresh=True)``)
+    #: the op defines ``block_tasks``: the run decodes several blocks at once and hashes and
+    #: writes each, in order, on the thread that decoded it (quant/pipeline.py
+    #: ``then_in_order``, engine/run/stream.py) instead of taking ``blocks``' pieces one by one
     fresh_blocks: ClassVar[bool] = False
 
     @abstractmethod
@@ -387,6 +387,13 @@ class BlockOp(OpDef):
                rows: range | None = None) -> Iterator[bytes | memoryview]:
         """The output's bytes in order (only its dim-0 indices ``rows`` when given), each
         piece made from a bounded read of the inputs, about ``chunk_bytes`` long."""
+
+    def block_tasks(self, block: Block, inputs: Sequence[InputTensor],
+                    chunk_bytes: int) -> Iterator[Callable[[], bytes | memoryview]]:
+        """``blocks``' pieces of the whole output as tasks, in order, not run yet (the inputs
+        read as the iterator advances), each making a buffer nothing touches afterwards;
+        for ops with ``fresh_blocks``."""
+        raise NotImplementedError(f"{self.verb} has no block_tasks (fresh_blocks is False)")
 
 
 def check_yield(op: OpDef, value: Value) -> Value:

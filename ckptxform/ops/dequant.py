@@ -34,10 +34,11 @@ _OUT_DTYPES = ("bfloat16", "float16", "float32")
 #: ~2.0 system seconds and 85 MB at 2 MiB against ~3.0 s and 180-190 MB at the plan's
 #: 16 MiB (benchmarks/README.md, "FP8 dequant end to end")
 FP8_CHUNK_BYTES = 2 << 20
-#: FP8 blocks decoded at once: one, on two cores, since the writer's write thread hashes
-#: and writes each block (fresh_blocks) while the next decodes; two made the 1 GB
-#: FP8 apply 3.63x cp -r of its output, 5.4 CPU-s, 99 MB, one 3.27x, 4.6 CPU-s, 79 MB
-#: (7 interleaved runs each, load ~3: benchmarks/README.md, "FP8 dequant end to end")
+#: FP8 blocks decoded at once by ``blocks`` (rows of the output read by an op chain): one.
+#: A whole output is decoded by ``block_tasks`` on the pipeline's workers, each block hashed
+#: and written by the thread that decoded it (engine/run/stream.py): 2.27-2.66 s where
+#: one decoder handing its blocks to a write thread took 2.46-3.07 s (1 GB of FP8,
+#: benchmarks/README.md, "FP8 dequant end to end, fifth pass")
 FP8_WORKERS = 1
 _Parsed = TypeVar("_Parsed")
 _ARGS = {"type": "object", "additionalProperties": False, "required": ["over"],
@@ -88,7 +89,7 @@ class _Dequant(BlockOp):
 
 class DequantFp8Block(_Dequant):
     verb = "dequant_fp8_block"
-    fresh_blocks = True  # each block a new array (quant/tables.py, quant/kernels.py)
+    fresh_blocks = True  # each block a new array (quant/tables.py, quant/kernels.py): block_tasks
     description = ("FP8 e4m3 weight x float32 weight_scale_inv per quantization_config.weight_block_size "
                    "block -> bfloat16 (or dtype), round to nearest even; unquantized weights copied.")
 
@@ -126,24 +127,33 @@ class DequantFp8Block(_Dequant):
 
     def blocks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int,
                rows: range | None = None) -> Iterator[bytes | memoryview]:
+        first, stop = _aligned(rows, block.shape[0], block.args["block"][0])
+        row_bytes = block.shape[1] * DTYPE_SIZES[block.args["dtype"]]
+        return _trimmed(in_order(self._tasks(block, inputs, chunk_bytes, first, stop), FP8_WORKERS),
+                        rows, first, row_bytes)
+
+    def block_tasks(self, block: Block, inputs: Sequence[InputTensor],
+                    chunk_bytes: int) -> Iterator[Callable[[], memoryview]]:
+        return self._tasks(block, inputs, chunk_bytes, 0, block.shape[0])
+
+    def _tasks(self, block: Block, inputs: Sequence[InputTensor], chunk_bytes: int, first: int,
+               stop: int) -> Iterator[Callable[[], memoryview]]:
+        """Rows ``first`` (a block boundary) to ``stop`` as tasks of whole blocks of rows,
+        their bytes read as the iterator advances."""
         weight, scale = inputs
-        total, cols = block.shape
+        cols = block.shape[1]
         bh, bw = block.args["block"]
         layout = Fp8Block(cols=cols, block_rows=bh, block_cols=bw)
         out_dtype = block.args["dtype"]
         chunk_bytes = min(chunk_bytes, FP8_CHUNK_BYTES)
         step = bh * max(1, chunk_bytes // max(1, bh * cols * DTYPE_SIZES[out_dtype]))
         scale_row = layout.scale_cols * 4
-        first, stop = _aligned(rows, total, bh)
-
-        def tasks() -> Iterator[Callable[[], memoryview]]:
-            for start in range(first, stop, step):
-                count = min(step, stop - start)
-                w = weight.read(start * cols, count * cols)
-                s = scale.read(start // bh * scale_row, layout.scale_rows(count) * scale_row)
-                yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), start,
-                               scale=s, scale_dtype="F32", largest_code=448.0, e4m3_codes=w)
-        return _trimmed(in_order(tasks(), FP8_WORKERS), rows, first, cols * DTYPE_SIZES[out_dtype])
+        for start in range(first, stop, step):
+            count = min(step, stop - start)
+            w = weight.read(start * cols, count * cols)
+            s = scale.read(start // bh * scale_row, layout.scale_rows(count) * scale_row)
+            yield _checked(block, partial(dequant_fp8_rows, w, s, layout, out_dtype=out_dtype), start,
+                           scale=s, scale_dtype="F32", largest_code=448.0, e4m3_codes=w)
 
 
 class DequantInt4(_Dequant):

@@ -18,7 +18,7 @@ and the reports never switch on its type:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -369,6 +369,11 @@ class BlockProgram(_Chain, Recipe):
     def stream(self, plan: Sources) -> Iterator[Chunk]:
         reader = InputReader(self.program_inputs, plan)
         return self.block.op.blocks(self.block, reader.tensors(self.block), CHUNK_BYTES)
+
+    def block_tasks(self, plan: Sources) -> Iterator[Callable[[], Chunk]]:
+        """``stream``'s pieces as tasks not run yet (an op with ``fresh_blocks``)."""
+        reader = InputReader(self.program_inputs, plan)
+        return self.block.op.block_tasks(self.block, reader.tensors(self.block), CHUNK_BYTES)
 
 
 class InputReader:

@@ -11,6 +11,7 @@ from itertools import groupby
 
 from ...dtypes import DTYPE_SIZES
 from ...ops.decode import cast_bytes
+from ...quant.pipeline import then_in_order
 from ..plan.recipes import BlockProgram, Chunk, OutputPlan, Piece, Sources
 from .writer import ShardWriter
 
@@ -83,26 +84,54 @@ def _write_streamed(outputs: list[OutputPlan], plan: Sources, writer: ShardWrite
     """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
     try:
         for o in outputs:
-            chunks = o.recipe.stream(plan)
-            fresh = _fresh_chunks(o)
-            if o.dtype != o.input_dtype:
-                chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
-            for chunk in chunks:
-                if stop.is_set():
-                    return
-                writer.write(o.key, chunk, fresh=fresh)
-                if progress is not None:
-                    progress(len(chunk))
+            if _in_turns(o):
+                _write_in_turns(o, plan, writer, progress, stop)
+            else:
+                chunks = o.recipe.stream(plan)
+                if o.dtype != o.input_dtype:
+                    chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
+                for chunk in chunks:
+                    if stop.is_set():
+                        return
+                    writer.write(o.key, chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+            if stop.is_set():
+                return
             writer.finish_tensor(o.key)
+    except _Stopped:
+        return
     except BaseException:
         stop.set()  # the copying thread stops at its next tensor
         raise
 
 
-def _fresh_chunks(o: OutputPlan) -> bool:
-    """Whether ``o``'s chunks are new buffers nothing touches once yielded (a block op's
-    with ``fresh_blocks``; a cast of them makes new bytes too): the writer hashes and writes
-    them on its write thread while the next is decoded."""
+class _Stopped(Exception):
+    """The other thread failed: stop writing (its error is the one raised)."""
+
+
+def _write_in_turns(o: OutputPlan, plan: Sources, writer: ShardWriter, progress: Callable[[int], None] | None,
+                 stop: threading.Event) -> None:
+    """A block op's fresh blocks: decoded on several threads, each hashed and written, in
+    order, by the thread that decoded it (the bytes still in its core's cache)."""
+    cast = (o.input_dtype, o.dtype) if o.dtype != o.input_dtype else None
+
+    def put(chunk: Chunk) -> None:
+        if stop.is_set():
+            raise _Stopped
+        if cast is not None:
+            chunk = cast_bytes(chunk, *cast)
+        writer.write(o.key, chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+    assert isinstance(o.recipe, BlockProgram)
+    then_in_order(o.recipe.block_tasks(plan), put)
+
+
+def _in_turns(o: OutputPlan) -> bool:
+    """Whether ``o`` is a block op's output whose blocks are tasks (``fresh_blocks``):
+    ``_write_in_turns`` decodes, hashes and writes them on several threads."""
     return isinstance(o.recipe, BlockProgram) and o.recipe.block.op.fresh_blocks
 
 

@@ -47,7 +47,6 @@ from ..output.digest_table import TensorDigests
 from ..output.index_file import IndexFile
 from ..plan.layout import CLONE_BLOCK, OutputLayout, TensorPlacement
 from .kernel_copy import KernelCopier, truncated
-from .write_behind import WriteBehind
 from ...errors import io_error
 
 #: hash threads; each tensor is hashed on one of them, in order, so a tensor per core hashes
@@ -74,10 +73,6 @@ _MEMORY_HASH_MIN = _INLINE_HASH
 #: read is still in the core's cache when pwrite copies it (hashing and writing 2 GiB of
 #: fresh 16 MiB buffers here: 4.5 CPU-seconds whole, 1.1 in 1 MiB pieces, 2.0 in 4 MiB)
 _MEMORY_HASH_PIECE = 1 << 20
-#: fresh chunks (``write(..., fresh=True)``) handed to the write thread and not written yet,
-#: at most: the caller makes the next while the thread hashes and writes these, and
-#: waits for room past this many (memory stays bounded by a few chunks)
-_FRESH_BEHIND = 2
 
 
 def _hash_written(hasher: Hasher, fd: int, offset: int, length: int, block: int | None) -> None:
@@ -128,7 +123,7 @@ def _sync_file_range_write(fd: int, offset: int, length: int) -> None:
 
 
 class _TensorState:
-    __slots__ = ("behind", "block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes",
+    __slots__ = ("block", "cloned", "clones", "copied", "digest", "finished", "hashed", "hasher", "hashes",
                  "lane", "placed", "placement", "written")
 
     def __init__(self, placement: TensorPlacement, algorithm: str) -> None:
@@ -138,8 +133,6 @@ class _TensorState:
         #: of the placed bytes, those cloned (shared extents) and those copied in the kernel;
         #: the rest went through ``write``
         self.cloned = self.copied = 0
-        #: its fresh chunks on the write thread, not in the file yet
-        self.behind = 0
         #: made when its first bytes are hashed, dropped once its digest is known: a hasher
         #: is ~2 KB (BLAKE3's state), held for every tensor of a shard it was most of the
         #: writer's memory at 20,000 tensors
@@ -224,14 +217,10 @@ class ShardWriter:
     on one of the hash threads (one a core; the hashers release the GIL), while the next
     bytes move. So the digest is of what was put in the file, nothing waits
     for a hash before ``close``, and a caller may refill its buffer as soon as ``write``
-    returns. Writes into one file are serialised (a copy a piece at a time).
-
-    A chunk given with ``fresh=True`` (a buffer the caller made for this write and never
-    touches again, as a block op's decoded block: ``BlockOp.fresh_blocks``) is hashed and
-    written so on one write thread, in order, at most ``_FRESH_BEHIND`` chunks behind the
-    caller, which meanwhile makes the next; that tensor's ``finish_tensor`` follows its
-    chunks there. An error on that thread is raised by the caller's next ``write``,
-    ``finish_tensor``, ``digest`` or ``close``; ``digest`` and ``close`` wait for the thread.
+    returns. Writes into one file are serialised (a copy a piece at a time). Several threads
+    may write, each tensor's chunks in order (a decoded block is hashed and written by the
+    thread that decoded it, its turn after the block before it: quant/pipeline.py
+    ``then_in_order``).
     """
 
     def __init__(self, out: WriteTarget, layout: OutputLayout, *, algorithm: str = DEFAULT_DIGEST) -> None:
@@ -254,8 +243,6 @@ class ShardWriter:
         self.bytes_written = 0
         #: clones where the filesystem shares extents (engine/run/kernel_copy.py)
         self._copier = KernelCopier()
-        #: the write thread of fresh chunks, made by the first one
-        self._behind: WriteBehind | None = None
 
     @property
     def bytes_cloned(self) -> int:
@@ -295,42 +282,12 @@ class ShardWriter:
         else:
             self._release()
 
-    def write(self, key: str, chunk: bytes | bytearray | memoryview, *, fresh: bool = False) -> None:
+    def write(self, key: str, chunk: bytes | bytearray | memoryview) -> None:
         """Write the next ``len(chunk)`` bytes of tensor ``key`` (the caller may reuse ``chunk``
-        once this returns; with ``fresh``, the caller gives ``chunk`` away: it is written
-        on the write thread, the caller must never change it)."""
+        once this returns)."""
         view = memoryview(chunk).cast("B")
-        if self._behind is not None:
-            self._behind.check()
         state, offset = self._reserve(key, view.nbytes)
-        if fresh:
-            if view.nbytes:
-                self._write_behind(state, offset, view)
-            return
-        self._after_behind(state)
         self._put(state, offset, view)
-
-    def _write_behind(self, state: _TensorState, offset: int, view: memoryview) -> None:
-        """Hand a fresh chunk to the write thread (waiting while it is ``_FRESH_BEHIND`` behind)."""
-        if self._behind is None:
-            self._behind = WriteBehind(held=_FRESH_BEHIND)
-        with self._lock:
-            state.behind += 1
-        self._behind.submit(functools.partial(self._put_behind, state, offset, view), holds=True)
-
-    def _put_behind(self, state: _TensorState, offset: int, view: memoryview) -> None:
-        """On the write thread: a fresh chunk, hashed from memory as it is written."""
-        try:
-            self._put(state, offset, view)
-        finally:
-            with self._lock:
-                state.behind -= 1
-
-    def _after_behind(self, state: _TensorState) -> None:
-        """Wait for a tensor's fresh chunks before more of its bytes come another way:
-        they go into the file and its hash in order (a tensor is seldom written both ways)."""
-        if state.behind and self._behind is not None:
-            self._behind.wait()
 
     def _put(self, state: _TensorState, offset: int, view: memoryview) -> None:
         """Hash (when large: from memory) and write ``view`` at ``offset`` of ``state``'s tensor."""
@@ -360,7 +317,10 @@ class ShardWriter:
                 return None
             if state.hashed != offset - state.placement.offset or not all(job.done() for job in state.hashes):
                 return None
-            return self._hasher(state)
+            # on one thread: the threads that write are the ones busy on the other cores
+            # (BLAKE3's own threads then only spun beside them: 0.16-0.23 CPU-s of a 1 GB
+            # FP8 dequant whose 264 MB tensor was hashed by them)
+            return self._hasher(state, threads=False)
 
     def copy_runs(self, key: str, src: Path, runs: Sequence[tuple[int, int]]) -> None:
         """Write the next bytes of tensor ``key``: each ``(offset, length)`` run of file
@@ -371,7 +331,6 @@ class ShardWriter:
                 for offset, length in runs for done in range(0, length, _COPY_PIECE)]
         src_fd = self._source_fd(src)
         state, dst_offset = self._reserve(key, sum(length for _, length in runs))
-        self._after_behind(state)
         file = state.placement.file
         dst_fd = self._fds[file]
         piece: list[tuple[int, int]] = []
@@ -397,21 +356,13 @@ class ShardWriter:
             piece, size = [], 0
 
     def finish_tensor(self, key: str) -> None:
-        """Check that all of tensor ``key`` was written (its hash may still be running; with
-        fresh chunks still on the write thread, it is finished there after them)."""
-        if self._behind is not None:
-            self._behind.check()
+        """Check that all of tensor ``key`` was written (its hash may still be running)."""
         with self._lock:
             state = self._state(key)
             place = state.placement
             if state.written != place.nbytes:
                 raise OutputError(f"tensor {key!r}: wrote {state.written} bytes, expected {_size(place)}", key=key)
-            behind = state.behind > 0
-        if behind:
-            assert self._behind is not None
-            self._behind.submit(functools.partial(self._finish, state), holds=False)
-        else:
-            self._finish(state)
+        self._finish(state)
 
     def _finish(self, state: _TensorState) -> None:
         """Mark a fully written tensor finished and see to its hash."""
@@ -449,9 +400,11 @@ class ShardWriter:
         state.hashed = state.placed
         state.digest, state.hasher = hasher.digest(), None
 
-    def _hasher(self, state: _TensorState) -> Hasher:
+    def _hasher(self, state: _TensorState, threads: bool = True) -> Hasher:
+        """``state``'s hasher, made by its first bytes: a large tensor's on every core
+        (tensor_digest.PARALLEL_MIN) unless those are hashed from memory (not ``threads``)."""
         if state.hasher is None:
-            state.hasher = new_hasher(self.algorithm, state.placement.nbytes)
+            state.hasher = new_hasher(self.algorithm, state.placement.nbytes if threads else 0)
         return state.hasher
 
     def digest(self, key: str) -> str:
@@ -465,8 +418,6 @@ class ShardWriter:
         if state is None:
             self.layout.placement(key)  # raises the message
             raise AssertionError(key)
-        if self._behind is not None:
-            self._behind.wait()  # it may be finishing this tensor
         if not state.finished:
             raise OutputError(f"tensor {key!r} is not finished yet", key=key)
         if not state.digest and self._hashing:
@@ -505,8 +456,6 @@ class ShardWriter:
         if self._closed:
             return
         try:
-            if self._behind is not None:
-                self._behind.wait()
             unfinished = [k for k, s in self._tensors.items() if not s.finished]
             if unfinished:
                 detail = "; ".join(f"{k!r} {self._tensors[k].written} of "
@@ -638,8 +587,6 @@ class ShardWriter:
 
     def _release(self) -> None:
         self._closed = True
-        if self._behind is not None:  # before the files it writes are closed
-            self._behind.stop()
         for lane in self._lanes:
             lane.shutdown(wait=True, cancel_futures=True)
         for fd in (*self._fds.values(), *self._src_fds.values()):

@@ -1,0 +1,93 @@
+"""quant/pipeline.py ``then_in_order``: blocks computed on several threads, each handed to
+``then`` in the tasks' order on the thread that computed it (how the FP8 dequant hashes and
+writes a block where it was decoded); the first error stops the rest and is raised, with
+nothing written after it and no thread left waiting."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ckptxform.quant.pipeline import then_in_order
+
+
+def _tasks(count: int, made: list[int], fail_at: int | None = None,
+           delay: Callable[[int], float] = lambda i: 0.0) -> Iterator[Callable[[], tuple[int, int]]]:
+    """Task ``i`` returns (i, the thread that ran it); advancing the iterator is a read (``made``)."""
+    for i in range(count):
+        made.append(i)
+
+        def task(i: int = i) -> tuple[int, int]:
+            time.sleep(delay(i))
+            if i == fail_at:
+                raise RuntimeError(f"block {i} failed")
+            return i, threading.get_ident()
+        yield task
+
+
+def test_results_reach_then_in_order_on_the_thread_that_made_them() -> None:
+    made: list[int] = []
+    seen: list[int] = []
+    inside = threading.Lock()
+    threads: set[int] = set()
+
+    def then(result: tuple[int, int]) -> None:
+        assert inside.acquire(blocking=False), "two thens at once"
+        try:
+            number, maker = result
+            assert maker == threading.get_ident()  # where the block was computed
+            threads.add(maker)
+            seen.append(number)
+        finally:
+            inside.release()
+
+    # later blocks finish first: each still waits for the one before it
+    then_in_order(_tasks(40, made, delay=lambda i: 0.004 if i % 3 == 0 else 0.0), then, workers=2)
+    assert seen == list(range(40)) and made == list(range(40))
+    assert len(threads) == 2 and threading.get_ident() not in threads
+
+
+def test_one_task_runs_on_the_callers_thread_and_none_is_nothing() -> None:
+    seen: list[tuple[int, int]] = []
+    then_in_order(_tasks(1, []), seen.append)
+    assert seen == [(0, threading.get_ident())]
+    then_in_order(_tasks(0, []), seen.append)
+    assert len(seen) == 1
+
+
+def test_reads_stay_a_task_ahead_of_a_free_worker() -> None:
+    """Memory stays bounded: the caller reads (advances the iterator) at most ``workers + 1``
+    tasks beyond the last one handed to ``then``."""
+    made: list[int] = []
+    ahead: list[int] = []
+
+    def then(result: tuple[int, int]) -> None:
+        ahead.append(len(made) - result[0] - 1)
+
+    then_in_order(_tasks(30, made, delay=lambda i: 0.002), then, workers=2)
+    assert max(ahead) <= 3
+
+
+@pytest.mark.parametrize("where", ["task", "then"])
+def test_the_first_error_stops_the_rest_and_is_raised(where: str) -> None:
+    made: list[int] = []
+    seen: list[int] = []
+
+    def then(result: tuple[int, int]) -> None:
+        if where == "then" and result[0] == 7:
+            raise OSError(28, "No space left on device")
+        seen.append(result[0])
+
+    started = time.monotonic()
+    expected = (RuntimeError, "block 7 failed") if where == "task" else (OSError, "No space left")
+    with pytest.raises(expected[0], match=expected[1]):
+        # block 8 is quick: it is done, and waiting for its turn, when 7 fails
+        then_in_order(_tasks(1000, made, fail_at=7 if where == "task" else None,
+                             delay=lambda i: 0.05 if i == 7 else 0.0), then, workers=2)
+    assert seen == list(range(7))  # nothing after the failure is written
+    assert len(made) <= 7 + 4  # the rest is not read
+    assert time.monotonic() - started < 30  # no worker left waiting for a turn that never comes
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckptxform-block")]  # the pool has ended
