@@ -9,7 +9,9 @@ decodes it with ckptxform's own kernel (quant/tables.py), a second hashes it (BL
 at a time) and ``pwrite``s it into OUT's shard, at most two blocks behind; other tensors are
 copied by ``copy_file_range``. No rule, plan, audit, index, config, checks or commit, so its
 output is not a checkpoint anyone should load: it is the bytes and the work, to measure
-what the rest of ckptxform costs (``dequant_bench.py --contenders 'floor probe'``).
+what the rest of ckptxform costs (``dequant_bench.py --contenders 'floor probe'``). The
+apply itself decodes two blocks at once, each hashed and written by its own thread in turn
+(quant/pipeline.py ``then_in_order``); this probe arranged that way took the same time.
 """
 
 from __future__ import annotations

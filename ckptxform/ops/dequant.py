@@ -36,9 +36,9 @@ _OUT_DTYPES = ("bfloat16", "float16", "float32")
 FP8_CHUNK_BYTES = 2 << 20
 #: FP8 blocks decoded at once by ``blocks`` (rows of the output read by an op chain): one.
 #: A whole output is decoded by ``block_tasks`` on the pipeline's workers, each block hashed
-#: and written by the thread that decoded it (engine/run/stream.py): 2.27-2.66 s where
-#: one decoder handing its blocks to a write thread took 2.46-3.07 s (1 GB of FP8,
-#: benchmarks/README.md, "FP8 dequant end to end, fifth pass")
+#: and written by the thread that decoded it (engine/run/stream.py): 0.95-0.97 of the time
+#: of one decoder handing its blocks to a write thread (1 GB of FP8, benchmarks/README.md,
+#: "FP8 dequant end to end, fifth pass")
 FP8_WORKERS = 1
 _Parsed = TypeVar("_Parsed")
 _ARGS = {"type": "object", "additionalProperties": False, "required": ["over"],
