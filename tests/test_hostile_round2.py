@@ -227,6 +227,18 @@ def test_a_nan_scale_is_refused_naming_the_tensor_and_the_first_bad_index(case: 
         f"error: tensors[0].ops[0] dequant_fp8_block (r.yaml:7): 'w.weight' dequantized gives nan at [2, 2], a {NONFINITE}"))
 
 
+def test_a_nan_scale_in_a_later_block_of_a_large_tensor_is_refused_with_nothing_left(case: Case) -> None:
+    """A weight of three blocks of rows, decoded two at once and each written in turn by its
+    own thread (quant/pipeline.then_in_order): the second block's NaN is the one error, the
+    first block's bytes are not left anywhere, no thread is left waiting (``fails``: 60 s)."""
+    scale = torch.ones(1025, 512)
+    scale[700, 3] = float("nan")  # rows 1400-1401, columns 6-7: the second block of rows (1024-2047)
+    rule = dequant_rule(case, torch.ones(2050, 1024), scale)
+    case.fails("apply", rule, "--out", "out", code=1, line=(
+        f"error: tensors[0].ops[0] dequant_fp8_block (r.yaml:7): 'w.weight' dequantized gives nan at [1400, 6], a "
+        f"{NONFINITE}"))
+
+
 def test_an_inf_scale_is_refused(case: Case) -> None:
     rule = dequant_rule(case, torch.ones(4, 4), torch.tensor([[1.0, float("inf")], [1.0, 1.0]]))
     case.fails("apply", rule, "--out", "out", code=1, line=(
