@@ -1,6 +1,8 @@
 """Streaming a shard's outputs into its writer: kernel copies of local byte runs on one
 thread, everything that goes through Python (gathers, casts, block ops, remote reads) on
-another. Reads only through ``Sources`` (the plan's open sources, or a worker's)."""
+another, whose fresh-block ops (FP8 dequant) decode on a few more, each block hashed and
+written by the thread that decoded it. Reads only through ``Sources`` (the plan's open
+sources, or a worker's), on that second thread."""
 
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ class _Stopped(Exception):
 
 
 def _write_in_turns(o: OutputPlan, plan: Sources, writer: ShardWriter, progress: Callable[[int], None] | None,
-                 stop: threading.Event) -> None:
+                    stop: threading.Event) -> None:
     """A block op's fresh blocks: decoded on several threads, each hashed and written, in
     order, by the thread that decoded it (the bytes still in its core's cache)."""
     cast = (o.input_dtype, o.dtype) if o.dtype != o.input_dtype else None
