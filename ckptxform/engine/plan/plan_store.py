@@ -102,7 +102,7 @@ class PlanStore:
         finally:
             os.unlink(path)
         self.db = Database(connection, directory)
-        self._close = weakref.finalize(self, connection.close)
+        self._close = weakref.finalize(self, self.db.close)
         for pragma in ("journal_mode=OFF", "synchronous=OFF", "locking_mode=EXCLUSIVE", "cache_size=-8192"):
             self.db.execute(f"PRAGMA {pragma}")
         self.db.execute("BEGIN")  # one transaction, never committed: the file is gone at close anyway
@@ -133,10 +133,14 @@ class StoredRows:
         self.store, self.table, self.count, self.column = store, table, count, column
         self._where = f" AND {where}" if where else ""
 
-    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+    def _db(self) -> Database:
+        """The store's database, while the plan is open."""
         if self.store.closed:
             raise ValueError("the plan is closed: its outputs and records are released")
-        return [row[0] for row in self.store.db.execute(sql, args)]
+        return self.store.db
+
+    def _rows(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return [row[0] for row in self._db().execute(sql, args)]
 
     def at(self, index: int) -> Any:
         return self._rows(f"SELECT {self.column} FROM {self.table} WHERE rowid = ?", (index + 1,))[0]
@@ -149,13 +153,12 @@ class StoredRows:
     def picked(self, indices: Sequence[int]) -> list[Any]:
         """Items ``indices``, in that order: a query for ``BATCH`` of them at a time (a query
         an item was ~25 us of a 70,000-output shard's specs; its rows come in rowid order)."""
-        if self.store.closed:
-            raise ValueError("the plan is closed: its outputs and records are released")
+        db = self._db()
         out: list[Any] = []
         for start in range(0, len(indices), BATCH):
             part = indices[start:start + BATCH]
             marks = ",".join("?" * len(part))
-            found = dict(self.store.db.execute(
+            found = dict(db.execute(
                 f"SELECT rowid, {self.column} FROM {self.table} WHERE rowid IN ({marks})", [i + 1 for i in part]))
             out.extend(found[i + 1] for i in part)
         return out
@@ -164,9 +167,7 @@ class StoredRows:
         last = 0
         sql = f"SELECT rowid, {self.column} FROM {self.table} WHERE rowid > ?{self._where} ORDER BY rowid LIMIT ?"
         while True:
-            if self.store.closed:
-                raise ValueError("the plan is closed: its outputs and records are released")
-            rows = self.store.db.execute(sql, (last, BATCH))
+            rows = self._db().execute(sql, (last, BATCH))
             if not rows:
                 return
             last = rows[-1][0]

@@ -18,13 +18,6 @@ from ..plan.recipes import BlockProgram, Chunk, OutputPlan, Piece, Sources
 from .writer import ShardWriter
 
 
-def _cast_stream(chunks: Iterator[Chunk], src: str, dst: str) -> Iterator[Chunk]:
-    size = DTYPE_SIZES[src]
-    for chunk in chunks:
-        assert len(chunk) % size == 0
-        yield cast_bytes(chunk, src, dst)
-
-
 def _execution_order(outputs: list[OutputPlan], plan: Sources) -> list[OutputPlan]:
     """What reads whole local tensors in source-file order (sequential reads), then the rest."""
     return sorted(outputs, key=lambda o: (*o.recipe.read_order(plan), o.key))
@@ -86,18 +79,15 @@ def _write_streamed(outputs: list[OutputPlan], plan: Sources, writer: ShardWrite
     """Everything else (row gathers, casts, remote copies, vocab maps), chunk by chunk."""
     try:
         for o in outputs:
+            put = _putter(o, writer, progress, stop)
             if _in_turns(o):
-                _write_in_turns(o, plan, writer, progress, stop)
+                # decoded on several threads, each block hashed and written, in order, by
+                # the thread that decoded it (the bytes still in its core's cache)
+                assert isinstance(o.recipe, BlockProgram)
+                then_in_order(o.recipe.block_tasks(plan), put)
             else:
-                chunks = o.recipe.stream(plan)
-                if o.dtype != o.input_dtype:
-                    chunks = _cast_stream(chunks, o.input_dtype, o.dtype)
-                for chunk in chunks:
-                    if stop.is_set():
-                        return
-                    writer.write(o.key, chunk)
-                    if progress is not None:
-                        progress(len(chunk))
+                for chunk in o.recipe.stream(plan):
+                    put(chunk)
             if stop.is_set():
                 return
             writer.finish_tensor(o.key)
@@ -112,28 +102,28 @@ class _Stopped(Exception):
     """The other thread failed: stop writing (its error is the one raised)."""
 
 
-def _write_in_turns(o: OutputPlan, plan: Sources, writer: ShardWriter, progress: Callable[[int], None] | None,
-                    stop: threading.Event) -> None:
-    """A block op's fresh blocks: decoded on several threads, each hashed and written, in
-    order, by the thread that decoded it (the bytes still in its core's cache)."""
-    cast = (o.input_dtype, o.dtype) if o.dtype != o.input_dtype else None
+def _putter(o: OutputPlan, writer: ShardWriter, progress: Callable[[int], None] | None,
+            stop: threading.Event) -> Callable[[Chunk], None]:
+    """What writes each next chunk of ``o`` (cast first when ``o`` changes its dtype);
+    ``_Stopped`` once the other thread has failed."""
+    cast = o.dtype != o.input_dtype
+    size = DTYPE_SIZES[o.input_dtype] if cast else 1
 
     def put(chunk: Chunk) -> None:
         if stop.is_set():
             raise _Stopped
-        if cast is not None:
-            chunk = cast_bytes(chunk, *cast)
+        if cast:
+            assert len(chunk) % size == 0
+            chunk = cast_bytes(chunk, o.input_dtype, o.dtype)
         writer.write(o.key, chunk)
         if progress is not None:
             progress(len(chunk))
-
-    assert isinstance(o.recipe, BlockProgram)
-    then_in_order(o.recipe.block_tasks(plan), put)
+    return put
 
 
 def _in_turns(o: OutputPlan) -> bool:
-    """Whether ``o`` is a block op's output whose blocks are tasks (``fresh_blocks``):
-    ``_write_in_turns`` decodes, hashes and writes them on several threads."""
+    """Whether ``o`` is a block op's output whose blocks are tasks (``fresh_blocks``),
+    decoded, hashed and written on several threads (``then_in_order``)."""
     return isinstance(o.recipe, BlockProgram) and o.recipe.block.op.fresh_blocks
 
 
