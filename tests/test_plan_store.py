@@ -116,3 +116,29 @@ def test_a_full_temp_directory_is_one_clean_error_naming_it(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rules.yaml", "small", "src"]  # no OUT, nothing left
     with api.plan(rules) as plan:  # the same plan, with room: the store is not the problem
         assert len(plan.outputs) == count
+
+
+def test_a_temp_directory_that_cannot_hold_the_database_is_one_clean_error(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two other ways the store's temp file fails: it cannot be made (here: the directory
+    is gone), and sqlite fails where the directory has room (here: a closed connection)."""
+    import sqlite3
+    import tempfile
+
+    from ckptxform.engine.plan.plan_store import Database, PlanStore
+    from ckptxform.errors import TempSpaceError
+
+    gone = tmp_path / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", str(gone))
+    with pytest.raises(TempSpaceError) as err:
+        PlanStore()
+    assert str(err.value) == (f"cannot create the plan's working database in the temp directory '{gone}': No such "
+                              "file or directory; set TMPDIR to a writable directory with room")
+    assert err.value.path == str(gone)
+    connection = sqlite3.connect(":memory:")
+    connection.close()
+    with pytest.raises(TempSpaceError) as err:
+        Database(connection, str(tmp_path)).execute("SELECT 1")
+    assert str(err.value) == (f"the plan's working database in the temp directory '{tmp_path}' failed (sqlite: "
+                              "Cannot operate on a closed database.); a plan keeps ~630 bytes a tensor there: free "
+                              "space in it, or set TMPDIR to a directory with room")
