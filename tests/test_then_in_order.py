@@ -1,7 +1,8 @@
 """quant/pipeline.py ``then_in_order``: blocks computed on several threads, each handed to
 ``then`` in the tasks' order on the thread that computed it (how the FP8 dequant hashes and
 writes a block where it was decoded); the first error stops the rest and is raised, with
-nothing written after it and no thread left waiting."""
+nothing written after it and no thread left waiting. Each worker, the caller among them,
+reads its own tasks (advances the iterable)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_results_reach_then_in_order_on_the_thread_that_made_them() -> None:
     # later blocks finish first: each still waits for the one before it
     then_in_order(_tasks(40, made, delay=lambda i: 0.004 if i % 3 == 0 else 0.0), then, workers=2)
     assert seen == list(range(40)) and made == list(range(40))
-    assert len(threads) == 2 and threading.get_ident() not in threads
+    assert len(threads) == 2
 
 
 def test_one_task_runs_on_the_callers_thread_and_none_is_nothing() -> None:
@@ -58,9 +59,9 @@ def test_one_task_runs_on_the_callers_thread_and_none_is_nothing() -> None:
     assert len(seen) == 1
 
 
-def test_reads_stay_a_task_ahead_of_a_free_worker() -> None:
-    """Memory stays bounded: the caller reads (advances the iterator) at most ``workers + 1``
-    tasks beyond the last one handed to ``then``."""
+def test_reads_stay_within_the_workers() -> None:
+    """Memory stays bounded: at most ``workers`` tasks are read (the iterator advanced)
+    and not yet handed to ``then``."""
     made: list[int] = []
     ahead: list[int] = []
 
@@ -68,7 +69,7 @@ def test_reads_stay_a_task_ahead_of_a_free_worker() -> None:
         ahead.append(len(made) - result[0] - 1)
 
     then_in_order(_tasks(30, made, delay=lambda i: 0.002), then, workers=2)
-    assert max(ahead) <= 3
+    assert max(ahead) <= 2 - 1  # the other worker's task, besides the one in ``then``
 
 
 @pytest.mark.parametrize("where", ["task", "then"])
@@ -91,3 +92,22 @@ def test_the_first_error_stops_the_rest_and_is_raised(where: str) -> None:
     assert len(made) <= 7 + 4  # the rest is not read
     assert time.monotonic() - started < 30  # no worker left waiting for a turn that never comes
     assert not [t for t in threading.enumerate() if t.name.startswith("ckptxform-block")]  # the pool has ended
+
+
+def test_a_failed_read_stops_the_rest_and_is_raised() -> None:
+    """A read (advancing the iterable, on whichever worker is free) that fails is the error
+    raised: no ``then`` of a later task, nothing read after it, no thread left."""
+    made: list[int] = []
+    seen: list[int] = []
+
+    def reads() -> Iterator[Callable[[], tuple[int, int]]]:
+        for i, task in enumerate(_tasks(1000, made, delay=lambda i: 0.001)):
+            if i == 7:
+                raise OSError(5, "Input/output error")
+            yield task
+
+    with pytest.raises(OSError, match="Input/output error"):
+        then_in_order(reads(), lambda result: seen.append(result[0]), workers=2)
+    assert seen == list(range(len(seen))) and len(seen) <= 7  # in order, none after the failed read
+    assert len(made) == 8  # the failed read was the last
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckptxform-block")]

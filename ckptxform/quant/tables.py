@@ -47,9 +47,13 @@ Buffer = bytes | bytearray | memoryview
 #: all made 1.07-1.10 GB/s of bf16 (FP8), 2**15 0.8-0.95 (each call's cost)
 BAND_ELEMENTS = 1 << 18
 #: an FP8 band's values: its index (_fp8_index) is made once a thread, so the gather reads
-#: it from the core's own cache: 2**16 made 1.64 GB/s of bf16 a core, 2**17 1.37-1.55,
-#: 2**18 1.17-1.37, 2**15 1.44 (a [1152, 7168] block, best of 5, the table build included)
-FP8_BAND = 1 << 16
+#: it from the core's own cache. Alone, 2**16 made 1.64 GB/s of bf16 a core, 2**17 1.37-1.55,
+#: 2**18 1.17-1.37 (a [1152, 7168] block, best of 5, the table build included); but each
+#: band is two numpy calls, each a release and a retake of the GIL, and with two threads
+#: decoding, each retake that finds the other thread in Python is a sleep and a wake-up
+#: (a vm's dearest system call): a 1 GB FP8 apply made 15,000 context switches at 2**16,
+#: 9,600 at 2**18, and took 0.82 of the time (benchmarks/README.md, "sixth pass")
+FP8_BAND = 1 << 18
 
 #: the unsigned type holding one output value's bits
 _BITS = {"BF16": "<u2", "F16": "<u2", "F32": "<u4"}
