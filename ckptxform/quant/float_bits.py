@@ -40,15 +40,18 @@ def e4m3_values(raw: Buffer) -> np.ndarray:
     of a 0.5 GB NVFP4 run here)."""
     import numpy as np
 
-    return _e4m3_table()[np.frombuffer(raw, dtype=np.uint8)]
+    return e4m3_table()[np.frombuffer(raw, dtype=np.uint8)]
 
 
 @functools.cache
-def _e4m3_table() -> np.ndarray:
+def e4m3_table() -> np.ndarray:
+    """The float32 values of the 256 e4m3fn bytes, by byte (NaN for 0x7F/0xFF), read-only."""
     import numpy as np
 
     codes = np.arange(256, dtype=np.uint8)
-    return decode_e4m3(codes.view(np.int8), (codes | np.uint8(0x80)) == np.uint8(0xFF)) * np.float32(2.0 ** 120)
+    values = decode_e4m3(codes.view(np.int8), (codes | np.uint8(0x80)) == np.uint8(0xFF)) * np.float32(2.0 ** 120)
+    values.flags.writeable = False
+    return values
 
 
 def decode_e4m3(raw: np.ndarray, nan: np.ndarray | None) -> np.ndarray:

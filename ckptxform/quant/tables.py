@@ -2,10 +2,11 @@
 scale covers many codes, the block is one gather from a table of the output dtype's bits.
 
 - FP8 block-scaled: a 128x128 block's 16,384 values take at most 256 distinct values, one
-  per byte. The table of a block is the arithmetic kernel (numpy_kernels.fp8) run on the
-  256 bytes under that block's scale, so each entry is, bit for bit, what the kernel
-  computes per element (the float32 product rounded to nearest even in the output dtype),
-  NaN bytes and non-finite scales included; its NaNs are made the one quiet NaN.
+  per byte. The table of a block is the float32 product of each byte's value and the
+  block's scale, rounded to nearest even in the output dtype: bit for bit what the
+  arithmetic kernel (numpy_kernels.fp8) computes per element, the same real product
+  rounded once to float32 (that kernel's factors differ by exact powers of two), NaN bytes
+  and non-finite scales included; its NaNs are made the one quiet NaN.
 - int4 per group: 16 codes a group, so the table of a group of 128 is 16 entries, made by
   numpy_kernels.int4 on the codes 0..15 under the group's scale (and zero point).
 - NVFP4 and MXFP4: a group's scale is one byte (e4m3 times the tensor's global scale, or
@@ -35,7 +36,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from . import numpy_kernels
-from .float_bits import nvfp4_scales, quiet_nans
+from .float_bits import e4m3_table, nvfp4_scales, quiet_nans
 from .layouts import Fp4Groups, Fp8Block, Int4Groups
 
 if TYPE_CHECKING:
@@ -76,10 +77,11 @@ def fp8_block(weight: Buffer, scale_inv: Buffer, layout: Fp8Block, rows: int, ou
     import numpy as np
 
     blocks, sc, bh, cols = layout.scale_rows(rows), layout.scale_cols, layout.block_rows, layout.cols
-    codes = np.tile(np.arange(256, dtype=np.uint8), blocks * sc)
-    nan = (codes | np.uint8(0x80)) == np.uint8(0xFF)
-    table = numpy_kernels.fp8(codes, scale_inv, Fp8Block(cols=sc * 256, block_rows=1, block_cols=256), blocks,
-                               out_dtype, nan).view(_BITS[out_dtype])
+    scales = np.frombuffer(scale_inv, dtype="<f4").reshape(blocks, sc, 1)
+    # a few numpy calls, not the ~20 of the arithmetic kernel on 256 bytes a block (each a
+    # release and retake of the GIL, while another thread decodes)
+    products = scales * e4m3_table()  # the float32 product, rounded once: the kernel's
+    table = np.ascontiguousarray(numpy_kernels.rounded_array(products, out_dtype)).view(_BITS[out_dtype])
     quiet_nans(table, out_dtype)
     table = table.reshape(blocks, sc * 256)
     k = layout.band_blocks(FP8_BAND)
