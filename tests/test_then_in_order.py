@@ -111,3 +111,33 @@ def test_a_failed_read_stops_the_rest_and_is_raised() -> None:
     assert seen == list(range(len(seen))) and len(seen) <= 7  # in order, none after the failed read
     assert len(made) == 8  # the failed read was the last
     assert not [t for t in threading.enumerate() if t.name.startswith("ckptxform-block")]
+
+
+def test_a_worker_lets_go_of_a_block_before_reading_the_next() -> None:
+    """Memory: when a worker reads a block, it no longer holds the one before (neither its
+    bytes read nor its result); only the other worker's block and the new read are alive."""
+    import gc
+    import weakref
+
+    class Block:  # bytes read or decoded
+        pass
+
+    alive: weakref.WeakSet[Block] = weakref.WeakSet()
+    at_read: list[int] = []
+
+    def reads() -> Iterator[Callable[[], Block]]:
+        for _ in range(60):
+            gc.collect()  # no cycle keeps a block alive; only references do
+            at_read.append(len(alive))
+            read = Block()
+            alive.add(read)
+
+            def task(read: Block = read) -> Block:
+                time.sleep(0.001)
+                out = Block()
+                alive.add(out)
+                return out
+            yield task
+
+    then_in_order(reads(), lambda block: None, workers=2)
+    assert max(at_read) <= 2  # the other worker's read and result; none of this worker's

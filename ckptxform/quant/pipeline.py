@@ -16,7 +16,6 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -42,9 +41,11 @@ def in_order(tasks: Iterable[Callable[[], _T]], workers: int = WORKERS) -> Itera
             if first is not None:
                 yield threads.run(first)
             return
+        tasks = _taken_once([first, second], tasks)
+        del first, second  # else the first two blocks' bytes live to the end
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptxform-dequant") as pool:
             pending: deque[Future[_T]] = deque()
-            for task in chain((first, second), tasks):
+            for task in tasks:
                 pending.append(pool.submit(threads.run, task))
                 if len(pending) > workers:
                     yield pending.popleft().result()
@@ -72,9 +73,19 @@ def then_in_order(tasks: Iterable[Callable[[], _T]], then: Callable[[_T], object
             if first is not None:
                 then(threads.run(first))
             return
-        _Pull(chain((first, second), tasks), then, threads).run(workers)
+        tasks = _taken_once([first, second], tasks)
+        del first, second  # else the first two blocks' bytes live to the end
+        _Pull(tasks, then, threads).run(workers)
     finally:
         threads.restore()
+
+
+def _taken_once(head: list[_T], rest: Iterator[_T]) -> Iterator[_T]:
+    """``head``'s items, then ``rest``'s, holding none once it is taken (``chain`` keeps
+    ``head`` to its end)."""
+    while head:
+        yield head.pop(0)
+    yield from rest
 
 
 class _Pull(Generic[_T]):
@@ -123,9 +134,11 @@ class _Pull(Generic[_T]):
                 self._taken += 1
             try:
                 result = self._threads.run(task)
+                del task  # its bytes read: a worker holds one block's at a time
                 if not self._turns.wait(number):
                     return
                 self._then(result)
+                del result  # before the next read
                 self._turns.advance()
             except BaseException as err:
                 self._fail(number, err)
