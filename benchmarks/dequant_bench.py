@@ -365,6 +365,8 @@ def main() -> None:
               f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.reps} repetitions", ""]
     figures: dict[str, object] = {}
     compile_ckptxform()
+    if args.work is not None:
+        os.makedirs(args.work, exist_ok=True)  # a scratch directory named that does not exist yet
     with tempfile.TemporaryDirectory(prefix="ckptxform-dequant-bench-", dir=args.work) as scratch:
         for fmt in args.formats.split(","):
             only = args.contenders.split(",") if args.contenders else None

@@ -51,9 +51,10 @@ BAND_ELEMENTS = 1 << 18
 #: it from the core's own cache. Alone, 2**16 made 1.64 GB/s of bf16 a core, 2**17 1.37-1.55,
 #: 2**18 1.17-1.37 (a [1152, 7168] block, best of 5, the table build included); but each
 #: band is two numpy calls, each a release and a retake of the GIL, and with two threads
-#: decoding, each retake that finds the other thread in Python is a sleep and a wake-up
-#: (a vm's dearest system call): a 1 GB FP8 apply made 15,000 context switches at 2**16,
-#: 9,600 at 2**18, and took 0.82 of the time (benchmarks/README.md, "sixth pass")
+#: decoding, a retake that finds the other thread in Python is a sleep and a wake-up (dear
+#: on a vm): an apply of 1 GB of FP8 made 15,400 context switches at 2**16 and 9,600 at
+#: 2**18, whose run took 0.82 of the time before, where 2**16 took 0.92-0.98 (paired, 8
+#: rounds; benchmarks/README.md, "FP8 dequant end to end, sixth pass")
 FP8_BAND = 1 << 18
 
 #: the unsigned type holding one output value's bits
