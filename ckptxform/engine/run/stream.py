@@ -1,8 +1,8 @@
 """Streaming a shard's outputs into its writer: kernel copies of local byte runs on one
 thread, everything that goes through Python (gathers, casts, block ops, remote reads) on
-another, whose fresh-block ops (FP8 dequant) decode on a few more, each block hashed and
-written by the thread that decoded it. Reads only through ``Sources`` (the plan's open
-sources, or a worker's), on that second thread."""
+another, whose fresh-block ops (FP8 dequant) decode on a few more (that thread among
+them), each block read, hashed and written by the thread that decodes it. Reads only
+through ``Sources`` (the plan's open sources, or a worker's), one thread at a time."""
 
 from __future__ import annotations
 
