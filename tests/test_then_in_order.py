@@ -2,7 +2,8 @@
 ``then`` in the tasks' order on the thread that computed it (how the FP8 dequant hashes and
 writes a block where it was decoded); the first error stops the rest and is raised, with
 nothing written after it and no thread left waiting. Each worker, the caller among them,
-reads its own tasks (advances the iterable)."""
+reads its own tasks (advances the iterable) and holds one block at a time; ``in_order``
+lets go of its first blocks too."""
 
 from __future__ import annotations
 
@@ -141,3 +142,30 @@ def test_a_worker_lets_go_of_a_block_before_reading_the_next() -> None:
 
     then_in_order(reads(), lambda block: None, workers=2)
     assert max(at_read) <= 2  # the other worker's read and result; none of this worker's
+
+
+def test_in_order_lets_go_of_the_first_two_blocks() -> None:
+    """``in_order`` (the other pipeline) reads the first two tasks before starting its pool;
+    held there, their bytes read would live until the tensor's end."""
+    import gc
+    import weakref
+
+    from ckptxform.quant.pipeline import in_order
+
+    class Block:
+        pass
+
+    first_reads: list[weakref.ref[Block]] = []
+    gone_by_the_tenth: list[bool] = []
+
+    def reads() -> Iterator[Callable[[], int]]:
+        for i in range(12):
+            if i == 10:
+                gc.collect()
+                gone_by_the_tenth.append(all(ref() is None for ref in first_reads))
+            read = Block()
+            if i < 2:
+                first_reads.append(weakref.ref(read))
+            yield lambda i=i, read=read: i
+    assert list(in_order(reads(), workers=2)) == list(range(12))
+    assert gone_by_the_tenth == [True]
