@@ -1,0 +1,52 @@
+"""The hostile-input suite, round 5: what a seeded sweep of damaged inputs found (byte and
+JSON mutations of vocabulary maps and of the files a rule reads, run through every
+subcommand).
+
+Each CLI case runs the real command in a subprocess through ``Case``
+(tests/test_hostile_inputs.py): the one error line and the exit code asserted, no output,
+no temporary sibling, sources unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_hostile_inputs import Case, make_source
+
+
+@pytest.fixture
+def case(tmp_path: Path, run_cli: Any) -> Case:
+    return Case(tmp_path, run_cli)
+
+
+# ---------------------------------------------------------------- vocabulary maps
+
+#: decoded as offsets, d2t [0, 0, 3] maps draft tokens to target ids 0, 1 and 5; the t2d of
+#: 4 target ids marks only 0: id 1 is unmarked, and then 5 is past t2d's end
+_D2T, _T2D = [0, 0, 3], [1, 0, 0, 0]
+
+
+def _other_drafter(case: Case) -> Path:
+    return make_source(case.root / "b", {"d2t": torch.zeros(3, dtype=torch.int64),
+                                         "t2d": torch.tensor([1, 1, 1, 0], dtype=torch.bool)}, config=None)
+
+
+def test_a_target_past_the_end_of_t2d_after_an_unmarked_one_is_named(case: Case) -> None:
+    make_source(case.root / "a", {"d2t": torch.tensor(_D2T), "t2d": torch.tensor(_T2D, dtype=torch.bool)},
+                config=None)
+    case.fails("vocab-diff", case.root / "a", _other_drafter(case), code=1, line=(
+        "error: vocab map 'A' (a tensor 'd2t'): draft index 2 maps to target id 5 (d2t[2] = 3, encoding "
+        "'offset'), outside [0, 4); fix: set vocab_size to the verifier's vocabulary size or correct the "
+        "encoding ('offset': target = index + d2t[index]; 'absolute': target = d2t[index])"))
+
+
+def test_a_repeated_target_after_an_unmarked_one_is_named(case: Case) -> None:
+    # targets 0, 1, 1: id 1 is unmarked first, then repeated
+    (case.root / "v.json").write_text('{"d2t": [0, 0, -1], "t2d": [1, 0, 0, 0]}')
+    case.fails("vocab-diff", case.root / "v.json", _other_drafter(case), code=1, line=(
+        "error: vocab map 'A' (file 'v.json'): draft indices 1 and 2 both map to target id 1 (d2t[1] = 0, "
+        "d2t[2] = -1, encoding 'offset'); fix: a draft vocabulary lists each target token once: rebuild "
+        "d2t or correct the encoding"))
