@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_hostile_inputs import Case, make_source
+from test_hostile_inputs import Case, make_source, write_rule
 
 
 @pytest.fixture
@@ -50,3 +50,40 @@ def test_a_repeated_target_after_an_unmarked_one_is_named(case: Case) -> None:
         "error: vocab map 'A' (file 'v.json'): draft indices 1 and 2 both map to target id 1 (d2t[1] = 0, "
         "d2t[2] = -1, encoding 'offset'); fix: a draft vocabulary lists each target token once: rebuild "
         "d2t or correct the encoding"))
+
+
+def _vocab_file_rule(case: Case, file: str) -> Path:
+    make_source(case.root / "m", {"w": torch.ones(2)})
+    return write_rule(case.root / "r.yaml", f"sources:\n  m: {{path: m}}\nvocab:\n  a: {{file: '{file}', "
+                                            "encoding: offset}\ntensors:\n  - match: 'w'\n")
+
+
+def _npy(shape: str, data: bytes = bytes(32)) -> bytes:
+    header = ("{'descr': '<i8', 'fortran_order': False, 'shape': " + shape).encode()
+    header += b" " * (117 - len(header)) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+_NPY_FIX = "fix: save d2t with numpy.save('d2t.npy', d2t.numpy())"
+
+
+def test_an_npy_vocab_file_whose_header_does_not_parse_is_named(case: Case) -> None:
+    (case.root / "d2t.npy").write_bytes(_npy("(4,), "))  # the closing brace is gone
+    case.fails("plan", _vocab_file_rule(case, "d2t.npy"), code=1, line=(
+        f"error: vocab file 'd2t.npy' is not a plain numpy array (its header does not parse); {_NPY_FIX}"))
+
+
+def test_an_npy_vocab_file_declaring_a_terabyte_is_refused_not_allocated(case: Case) -> None:
+    (case.root / "d2t.npy").write_bytes(_npy(f"({2**40},), }}"))
+    case.fails("plan", _vocab_file_rule(case, "d2t.npy"), code=1, line=(
+        "error: vocab file 'd2t.npy' is not a plain numpy array (its header declares more data than the "
+        f"file holds); {_NPY_FIX}"))
+
+
+def test_an_npz_archive_named_d2t_npy_is_named(case: Case) -> None:
+    import numpy
+
+    numpy.savez(case.root / "d2t.npz", d2t=numpy.arange(3))
+    (case.root / "d2t.npz").rename(case.root / "d2t.npy")
+    case.fails("plan", _vocab_file_rule(case, "d2t.npy"), code=1, line=(
+        f"error: vocab file 'd2t.npy' is an .npz archive, not a plain numpy array; {_NPY_FIX}"))

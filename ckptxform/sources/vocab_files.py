@@ -253,13 +253,30 @@ def _load_npy(path: Path, name: str, encoding: Encoding, vocab_size: int | None)
 
 def _npy_array(path: Path, key: str) -> Any:
     """A one-dimensional array from a ``.npy`` file; pickled object arrays are refused."""
+    import tokenize
+    import warnings
+
     import numpy
 
+    fix = f"fix: save {key} with numpy.save('{path.name}', {key}.numpy())"
     try:
-        array = numpy.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns of a size that overflows, then refuses it
+            # mapped, not read: a header declaring terabytes is refused, not allocated
+            array = numpy.load(path, mmap_mode="r", allow_pickle=False)
+    # a damaged header: numpy's parser raises any of these
+    except (ValueError, OSError, EOFError, OverflowError, SyntaxError, tokenize.TokenError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, (SyntaxError, tokenize.TokenError)):
+            reason = "its header does not parse"
+        elif "mmap length is greater than file size" in reason:
+            reason = "its header declares more data than the file holds"
+        elif "Python objects in dtype" in reason:  # refused as mapped, as numpy.load refuses it unmapped
+            reason = "Object arrays cannot be loaded when allow_pickle=False"
         raise CheckpointFormatError(
-            f"vocab file {quote(str(path))} is not a plain numpy array ({err}); fix: save {key} with "
-            f"numpy.save('{path.name}', {key}.numpy())", path=str(path)) from None
+            f"vocab file {quote(str(path))} is not a plain numpy array ({reason}); {fix}", path=str(path)) from None
+    if not isinstance(array, numpy.ndarray):  # numpy.load opens a zip as an .npz archive
+        raise CheckpointFormatError(
+            f"vocab file {quote(str(path))} is an .npz archive, not a plain numpy array; {fix}", path=str(path))
     _check_one_dim(path, key, array.shape)
     return array
