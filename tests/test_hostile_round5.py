@@ -87,3 +87,18 @@ def test_an_npz_archive_named_d2t_npy_is_named(case: Case) -> None:
     (case.root / "d2t.npz").rename(case.root / "d2t.npy")
     case.fails("plan", _vocab_file_rule(case, "d2t.npy"), code=1, line=(
         f"error: vocab file 'd2t.npy' is an .npz archive, not a plain numpy array; {_NPY_FIX}"))
+
+
+_PT_FIX = "fix: save the map as plain tensors (torch.save({'d2t': d2t, 't2d': t2d}, ...))"
+
+
+@pytest.mark.parametrize(("pickle", "reason"), [
+    (b"\x80\x02h\x05.", "KeyError: 5"),  # a memo entry never stored
+    (b"\x80\x02.", "IndexError: pop from empty list"),  # STOP with nothing built
+    # protocol 10, which torch warns of before it fails: the warning is not printed
+    (b"\x80\x0ah\x05.", "KeyError: 5"),
+])
+def test_a_damaged_pt_vocab_file_is_one_named_error(case: Case, pickle: bytes, reason: str) -> None:
+    (case.root / "vocab.pt").write_bytes(pickle)
+    case.fails("vocab-diff", case.root / "vocab.pt", _other_drafter(case), code=1, line=(
+        f"error: vocab file 'vocab.pt' cannot be loaded with weights_only=True ({reason}); {_PT_FIX}"))

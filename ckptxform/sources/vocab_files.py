@@ -139,13 +139,18 @@ def _check_one_dim(path: Path, key: str, shape: Sequence[int]) -> None:
 
 def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
     import pickle
+    import warnings
 
     import torch
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns of pickle protocols it "might not support"
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a damaged file: torch raises anything from KeyError to AssertionError
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if not isinstance(err, (pickle.UnpicklingError, RuntimeError, EOFError, ValueError)):
+            first_line = f"{type(err).__name__}: {first_line}"
         raise CheckpointFormatError(
             f"vocab file {quote(str(path))} cannot be loaded with weights_only=True ({first_line}); "
             "fix: save the map as plain tensors (torch.save({'d2t': d2t, 't2d': t2d}, ...))",
