@@ -102,3 +102,11 @@ def test_a_damaged_pt_vocab_file_is_one_named_error(case: Case, pickle: bytes, r
     (case.root / "vocab.pt").write_bytes(pickle)
     case.fails("vocab-diff", case.root / "vocab.pt", _other_drafter(case), code=1, line=(
         f"error: vocab file 'vocab.pt' cannot be loaded with weights_only=True ({reason}); {_PT_FIX}"))
+
+
+@pytest.mark.parametrize("t2d", [[True, True, True, False], (1, 1, 1, 0)])
+def test_a_pt_vocab_file_whose_t2d_is_not_a_tensor_is_named_not_ignored(case: Case, t2d: Any) -> None:
+    torch.save({"d2t": torch.zeros(3, dtype=torch.int64), "t2d": t2d}, case.root / "vocab.pt")
+    case.fails("vocab-diff", case.root / "vocab.pt", _other_drafter(case), code=1, line=(
+        f"error: vocab file 'vocab.pt': t2d is a {type(t2d).__name__}, not a tensor; fix: t2d must be a boolean "
+        "tensor, one flag per target id (or leave it out)"))

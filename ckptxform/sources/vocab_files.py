@@ -182,7 +182,14 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
             key="d2t",
         )
     flags = None
-    if isinstance(t2d, torch.Tensor):
+    if t2d is not None:  # a t2d given in another form is refused, not read as "no t2d"
+        if not isinstance(t2d, torch.Tensor):
+            raise VocabMapError(
+                f"vocab file {quote(str(path))}: t2d is a {type(t2d).__name__}, not a tensor; fix: t2d must be a "
+                "boolean tensor, one flag per target id (or leave it out)",
+                path=str(path),
+                key="t2d",
+            )
         _check_one_dim(path, "t2d", tuple(t2d.shape))
         flags = t2d.tolist()
     return VocabMap.from_d2t(
