@@ -415,6 +415,32 @@ def test_finalize_names_the_shards_a_rank_has_not_written(rules: Path, standins:
                          "sources and --digest")
 
 
+def test_finalize_over_a_damaged_shard_names_the_rank_that_writes_it_again(
+        rules: Path, standins: HeadlineStandins, reference: dict[str, str], tmp_path: Path) -> None:
+    """finalize writes no shard: a shard it cannot keep is its rank's to write again."""
+    out = tmp_path / "out"
+    for rank in range(3):
+        assert run(command(rules, standins, out, "--shard-of", f"{rank}/3")).returncode == 0
+    [job] = job_dirs(out)
+    victim = sorted(job.glob("*.safetensors"))[1]  # rank 1's first shard
+    with victim.open("r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    early = finalize(rules, standins, out)
+    assert early.returncode == 1
+    assert (f"job directory {job}: not keeping {victim.name}: it changed after it was recorded (size, inode or "
+            "mtime); its rank writes it again (apply --shard-of)") in early.stderr
+    assert "writing it again" not in early.stderr
+    assert error_lines(early.stderr) == [
+        f"error: 1 of {SHARDS} shard(s) are not finished in {job}: {victim.name!r}; run the ranks that write them "
+        "(apply --shard-of), then finalize again"]
+    assert run(command(rules, standins, out, "--shard-of", "1/3")).returncode == 0
+    assert finalize(rules, standins, out).returncode == 0
+    assert files(out) == reference
+
+
 @pytest.mark.parametrize("value", ["3/3", "1", "-1/2", "a/b"])
 def test_a_malformed_shard_of_is_a_usage_error(value: str, rules: Path, standins: HeadlineStandins,
                                                tmp_path: Path) -> None:

@@ -126,7 +126,10 @@ class JobDir:
         algorithm = self.identity["algorithm"]
 
         def finished(shard: ShardLayout) -> bool:
-            return self._finished(shard, algorithm, clean=mine is None or shard.file in mine) is not None
+            own = mine is None or shard.file in mine
+            # who writes a shard not kept: this run, or (finalize, another rank's shard) its rank
+            then = ("its rank writes it again (apply --shard-of)" if must_exist or not own else "writing it again")
+            return self._finished(shard, algorithm, clean=own, then=then) is not None
 
         kept: set[str] = set()
         # Re-hashing a kept shard reads it once; the shards are read at once (hashing
@@ -200,7 +203,7 @@ class JobDir:
         except OSError as err:
             logger.warning("could not remove the job directory {}: {}", self.path, err)
 
-    def _finished(self, shard: ShardLayout, algorithm: str, *, clean: bool) -> ShardRecord | None:
+    def _finished(self, shard: ShardLayout, algorithm: str, *, clean: bool, then: str) -> ShardRecord | None:
         record_path = self.record_path(shard)
         record = read_record(record_path)
         try:
@@ -215,7 +218,7 @@ class JobDir:
                    else _rehash_mismatch(self.path / shard.file, shard, record))
             if why is None:
                 return record
-            logger.warning("job directory {}: not keeping {}: {}; writing it again", self.path, shard.file, why)
+            logger.warning("job directory {}: not keeping {}: {}; {}", self.path, shard.file, why, then)
         for path in (record_path, self.path / shard.file) if clean else ():  # half-done or changed: written again
             if path.exists():
                 path.unlink()
