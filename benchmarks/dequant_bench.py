@@ -5,6 +5,7 @@
     python benchmarks/dequant_bench.py --formats mxfp4 --size 500MB  # gpt-oss MXFP4 (mxfp4_source.py)
     python benchmarks/dequant_bench.py --formats fp8 --size 1GB --reps 7 --skip-rss \
         --contenders 'ckptxform apply --no-fsync'   # issue 36's FP8 figure: apply against cp -r alone
+    python benchmarks/dequant_bench.py ... --settle 6  # on a vm that hands freed memory back to its host
 
 Sources are the Kimi-K2 stand-ins at the real widths (hidden 7168, FP8 block 128, int4
 group 32; ``kv_a_proj_with_mqa`` [576, 7168] with its partial edge block), with enough
@@ -233,7 +234,7 @@ def output_bytes(root: Path) -> int:
 
 
 def run(fmt: str, size: int, reps: int, work: Path,
-        only: list[str] | None = None) -> tuple[list[str], dict[str, object]]:
+        only: list[str] | None = None, settle: float = 0.0) -> tuple[list[str], dict[str, object]]:
     """Build the ``fmt`` source, time the contenders on it (those named in ``only``, with
     ``cp -r`` always; all when None); (report lines, raw figures)."""
     cli = [PY, "-m", "ckptxform", "-q"]
@@ -261,7 +262,7 @@ def run(fmt: str, size: int, reps: int, work: Path,
             raise SystemExit(f"--contenders: unknown {', '.join(map(repr, unknown))} (known: "
                              f"{', '.join(map(repr, contenders))})")
         contenders = {name: argv for name, argv in contenders.items() if name == "cp -r" or name in only}
-    results = run_contenders(contenders, work, reps)
+    results = run_contenders(contenders, work, reps, settle=settle)
     shutil.rmtree(probe)
     source, shards = output_bytes(src), len(list(src.glob("*.safetensors")))
     shutil.rmtree(src)
@@ -357,12 +358,17 @@ def main() -> None:
     ap.add_argument("--contenders", default=None,
                     help="comma-separated contenders to run beside 'cp -r' (default: all), e.g. "
                          "'ckptxform apply --no-fsync'")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds to wait before each run, after the last output is removed: on a vm with free "
+                         "page reporting, 6 gives every contender pages handed back to the host (benchmarks/"
+                         "README.md, seventh pass); default 0")
     args = ap.parse_args()
     if args.kernels:
         print("\n".join(kernel_figures()))
         return
     report = [f"# ckptxform dequant benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()} "
-              f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.reps} repetitions", ""]
+              f"({os.cpu_count()} cores, Python {platform.python_version()}), {args.reps} repetitions"
+              + (f", {args.settle:g} s settle before each run" if args.settle else ""), ""]
     figures: dict[str, object] = {}
     compile_ckptxform()
     if args.work is not None:
@@ -370,7 +376,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ckptxform-dequant-bench-", dir=args.work) as scratch:
         for fmt in args.formats.split(","):
             only = args.contenders.split(",") if args.contenders else None
-            lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch), only)
+            lines, figures[fmt] = run(fmt, parse_size(args.size), args.reps, Path(scratch), only, args.settle)
             report += lines
         if not args.skip_rss:
             if "mxfp4" != args.formats:

@@ -85,7 +85,12 @@ def parse_size(text: str) -> int:
 
 
 def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Path, reps: int,
-                   ok: tuple[int, ...] = (0,)) -> dict[str, Result]:
+                   ok: tuple[int, ...] = (0,), settle: float = 0.0) -> dict[str, Result]:
+    """``settle``: seconds to wait after removing the last output, before each run. A vm
+    with free page reporting hands freed memory back to its host about 2 s after it is
+    freed, and a writer that gets such pages pays the host's fault on each: with no wait,
+    a command shorter than that delay writes into pages that were never handed back and
+    a longer one mostly into pages that were (benchmarks/README.md, "seventh pass")."""
     results = {name: Result(name, [], []) for name in contenders}
     for rep in range(reps):
         order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
@@ -93,6 +98,7 @@ def run_contenders(contenders: dict[str, Callable[[Path], list[str]]], work: Pat
             out = work / f"out-{name.replace(' ', '_')}"
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run(["sync"], check=True)
+            time.sleep(settle)
             wall, rss = measure(contenders[name](out), ok)
             results[name].walls.append(wall)
             results[name].rss.append(rss)
