@@ -197,12 +197,11 @@ def _check_against_t2d(
         assert problem is not None  # sorted(targets) != marked leaves one
         evidence = f"all {len(values)} target ids agree with t2d"
         raise _wrong_encoding(where, encoding, problem, evidence)
-    if problem is not None and problem.kind != "unmarked":
+    if problem is not None and problem.kind == "unmarked":
+        # an unmarked id found first may hide a later target out of range or repeated
+        problem = _first_problem(values, targets, encoding, len(flags), None)
+    if problem is not None:
         raise VocabMapError(f"{where}: {problem.text}; fix: {problem.fix}")
-    # The first problem may be an unmarked id with a later target out of range or repeated
-    unmarked_aside = _first_problem(values, targets, encoding, len(flags), None)
-    if unmarked_aside is not None:
-        raise VocabMapError(f"{where}: {unmarked_aside.text}; fix: {unmarked_aside.fix}")
     # Every target is distinct and in range: some are unmarked, or t2d marks extra ids.
     mapped = set(targets)
     extra = [t for t in marked if t not in mapped]
