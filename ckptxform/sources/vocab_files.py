@@ -137,6 +137,12 @@ def _check_one_dim(path: Path, key: str, shape: Sequence[int]) -> None:
         )
 
 
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, or its type's name when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | None) -> VocabMap:
     import pickle
     import warnings
@@ -148,7 +154,7 @@ def _load_torch(path: Path, name: str, encoding: Encoding, vocab_size: int | Non
             warnings.simplefilter("ignore")  # torch warns of pickle protocols it "might not support"
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a damaged file: torch raises anything from KeyError to AssertionError
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first_line = _first_line(err)
         if not isinstance(err, (pickle.UnpicklingError, RuntimeError, EOFError, ValueError)):
             first_line = f"{type(err).__name__}: {first_line}"
         raise CheckpointFormatError(
@@ -278,7 +284,7 @@ def _npy_array(path: Path, key: str) -> Any:
             array = numpy.load(path, mmap_mode="r", allow_pickle=False)
     # a damaged header: numpy's parser raises any of these
     except (ValueError, OSError, EOFError, OverflowError, SyntaxError, tokenize.TokenError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = _first_line(err)
         if isinstance(err, (SyntaxError, tokenize.TokenError)):
             reason = "its header does not parse"
         elif "mmap length is greater than file size" in reason:
